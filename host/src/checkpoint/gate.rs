@@ -1,0 +1,300 @@
+//! The report gate: makes `report` collective (R6).
+//!
+//! The k-th `report` calls of all ranks form report k. Each rank's call
+//! waits here until every rank's k-th call has arrived; the last to arrive
+//! becomes the leader, persists and commits the report while the others
+//! wait, and then everyone returns the same outcome. Ranks that disagree on
+//! the number of reports fail the run with an error naming them: at once
+//! when one rank has already returned from `train`, else after the report
+//! timeout.
+
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A rank must stop: the run is failing (the failure is recorded where it
+/// happened).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Aborted;
+
+/// Every rank's arrival for one report, by rank.
+pub(crate) struct Gathered<A> {
+    pub arrivals: Vec<A>,
+}
+
+struct State<A, O> {
+    /// The round being gathered (the number of completed rounds).
+    round: u64,
+    arrivals: Vec<Option<A>>,
+    arrived: usize,
+    /// All ranks arrived; the leader is processing the round.
+    closed: bool,
+    /// The outcome of the last completed round. Ranks read it before they
+    /// can call again, and a round cannot complete without every rank, so
+    /// one slot is enough.
+    last: Option<(u64, O)>,
+    /// Per rank: the number of reports it returned from `train` after.
+    finished: Vec<Option<u64>>,
+    aborted: bool,
+}
+
+/// A reusable barrier for `world_size` ranks that hands the leader every
+/// rank's arrival.
+pub(crate) struct ReportGate<A, O> {
+    world_size: usize,
+    timeout: Duration,
+    state: Mutex<State<A, O>>,
+    cv: Condvar,
+}
+
+impl<A, O> std::fmt::Debug for ReportGate<A, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReportGate")
+            .field("world_size", &self.world_size)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the gate tells its caller when ranks broke the protocol; the caller
+/// fails the run with it.
+pub(crate) type Violation = String;
+
+impl<A, O: Clone> ReportGate<A, O> {
+    pub fn new(world_size: usize, timeout: Duration) -> Self {
+        Self {
+            world_size,
+            timeout,
+            state: Mutex::new(State {
+                round: 0,
+                arrivals: (0..world_size).map(|_| None).collect(),
+                arrived: 0,
+                closed: false,
+                last: None,
+                finished: vec![None; world_size],
+                aborted: false,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<A, O>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Arrive with `arrival` for this rank's next report and wait for the
+    /// round's outcome. The last rank to arrive runs `lead` on everyone's
+    /// arrivals (without holding the lock) and its result is every rank's
+    /// outcome.
+    ///
+    /// Returns `Err(Ok(violation))` when this call broke the protocol (the
+    /// caller fails the run), `Err(Err(Aborted))` when the run is failing
+    /// for another reason.
+    pub fn arrive(
+        &self,
+        rank: usize,
+        arrival: A,
+        lead: impl FnOnce(Gathered<A>) -> O,
+    ) -> Result<O, Result<Violation, Aborted>> {
+        let mut st = self.lock();
+        if st.aborted {
+            return Err(Err(Aborted));
+        }
+        let round = st.round;
+        // A rank that has returned from `train` will never make this call.
+        let gone: Vec<String> = st
+            .finished
+            .iter()
+            .enumerate()
+            .filter_map(|(r, n)| n.filter(|n| *n <= round).map(|n| (r, n)))
+            .map(|(r, n)| format!("rank {r} returned from train after {n} reports"))
+            .collect();
+        if !gone.is_empty() {
+            st.aborted = true;
+            self.cv.notify_all();
+            return Err(Ok(format!(
+                "report protocol violation: rank {rank} called report a {} time, but {}; every rank must call report the same number of times",
+                ordinal(round + 1),
+                gone.join(", ")
+            )));
+        }
+        debug_assert!(st.arrivals[rank].is_none(), "rank {rank} arrived twice");
+        st.arrivals[rank] = Some(arrival);
+        st.arrived += 1;
+
+        if st.arrived == self.world_size {
+            st.closed = true;
+            let arrivals = st
+                .arrivals
+                .iter_mut()
+                .map(|a| a.take().expect("all arrived"))
+                .collect();
+            drop(st);
+            let outcome = lead(Gathered { arrivals });
+            let mut st = self.lock();
+            st.last = Some((round, outcome.clone()));
+            st.round += 1;
+            st.arrived = 0;
+            st.closed = false;
+            self.cv.notify_all();
+            return Ok(outcome);
+        }
+
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if st.aborted {
+                return Err(Err(Aborted));
+            }
+            if let Some((r, outcome)) = &st.last
+                && *r == round
+            {
+                return Ok(outcome.clone());
+            }
+            let now = Instant::now();
+            if !st.closed && now >= deadline {
+                let (came, missing): (Vec<usize>, Vec<usize>) =
+                    (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
+                st.aborted = true;
+                self.cv.notify_all();
+                return Err(Ok(format!(
+                    "report protocol violation: ranks {came:?} waited {} in their {} report for ranks {missing:?}, which did not report; every rank must call report the same number of times (raise the report timeout if a step can take longer)",
+                    humantime::format_duration(self.timeout),
+                    ordinal(round + 1),
+                )));
+            }
+            // Once the round is closed the leader is persisting; that has
+            // its own storage timeouts, so wait without a deadline.
+            let wait = if st.closed {
+                Duration::from_secs(3600)
+            } else {
+                deadline - now
+            };
+            st = self
+                .cv
+                .wait_timeout(st, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Note that `rank` returned from `train` after `reports` reports.
+    /// Returns a violation if ranks are waiting for a report it will never
+    /// make.
+    pub fn finish(&self, rank: usize, reports: u64) -> Result<(), Violation> {
+        let mut st = self.lock();
+        st.finished[rank] = Some(reports);
+        if st.aborted || st.arrived == 0 || st.round < reports {
+            return Ok(());
+        }
+        let waiting: Vec<usize> = (0..self.world_size)
+            .filter(|r| st.arrivals[*r].is_some())
+            .collect();
+        st.aborted = true;
+        self.cv.notify_all();
+        Err(format!(
+            "report protocol violation: rank {rank} returned from train after {reports} reports while ranks {waiting:?} wait in their {} report; every rank must call report the same number of times",
+            ordinal(st.round + 1)
+        ))
+    }
+
+    /// Wake every waiting rank with [`Aborted`]; later arrivals get it too.
+    pub fn abort(&self) {
+        let mut st = self.lock();
+        st.aborted = true;
+        self.cv.notify_all();
+    }
+}
+
+fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn gate(n: usize, timeout_ms: u64) -> Arc<ReportGate<u32, u32>> {
+        Arc::new(ReportGate::new(n, Duration::from_millis(timeout_ms)))
+    }
+
+    #[test]
+    fn every_rank_gets_the_leaders_outcome() {
+        let g = gate(4, 10_000);
+        let handles: Vec<_> = (0..4)
+            .map(|r| {
+                let g = Arc::clone(&g);
+                std::thread::spawn(move || {
+                    (0..3)
+                        .map(|_| {
+                            g.arrive(r, r as u32, |gathered| {
+                                gathered.arrivals.iter().sum::<u32>()
+                            })
+                            .unwrap()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), vec![6, 6, 6]);
+        }
+    }
+
+    #[test]
+    fn a_finished_rank_fails_waiting_ranks_at_once() {
+        let g = gate(2, 60_000);
+        let g1 = Arc::clone(&g);
+        let waiter = std::thread::spawn(move || g1.arrive(1, 0, |_| 0));
+        while g.lock().arrived == 0 {
+            std::thread::yield_now();
+        }
+        let violation = g.finish(0, 0).unwrap_err();
+        assert!(
+            violation.contains("rank 0 returned from train after 0 reports"),
+            "{violation}"
+        );
+        assert!(violation.contains("ranks [1]"), "{violation}");
+        assert_eq!(waiter.join().unwrap(), Err(Err(Aborted)));
+    }
+
+    #[test]
+    fn reporting_after_another_rank_finished_is_a_violation() {
+        let g = gate(2, 60_000);
+        g.finish(0, 0).unwrap();
+        let err = g.arrive(1, 0, |_| 0).unwrap_err().unwrap();
+        assert!(err.contains("rank 1 called report a 1st time"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_rank_times_out_naming_it() {
+        let g = gate(3, 50);
+        let g0 = Arc::clone(&g);
+        let t = std::thread::spawn(move || g0.arrive(0, 0, |_| 0));
+        let started = Instant::now();
+        let err = g.arrive(2, 0, |_| 0);
+        let other = t.join().unwrap();
+        let violation = match (err, other) {
+            (Err(Ok(v)), Err(Err(Aborted))) | (Err(Err(Aborted)), Err(Ok(v))) => v,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert!(violation.contains("ranks [0, 2]"), "{violation}");
+        assert!(violation.contains("for ranks [1]"), "{violation}");
+        assert!(started.elapsed() < Duration::from_secs(30));
+    }
+
+    #[test]
+    fn ordinals() {
+        assert_eq!(ordinal(1), "1st");
+        assert_eq!(ordinal(2), "2nd");
+        assert_eq!(ordinal(3), "3rd");
+        assert_eq!(ordinal(11), "11th");
+        assert_eq!(ordinal(22), "22nd");
+    }
+}

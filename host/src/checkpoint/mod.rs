@@ -1,0 +1,19 @@
+//! Reports and checkpoints: the collective report gate, capture of a rank's
+//! directory, persisting and committing, the run's record, and restore.
+
+mod capture;
+mod gate;
+mod ledger;
+pub(crate) mod manifest;
+mod persist;
+mod restore;
+mod session;
+
+pub(crate) use capture::capture;
+pub(crate) use gate::Aborted;
+pub use ledger::{CheckpointRecord, ReportRecord};
+pub(crate) use ledger::{Ledger, ReportRefused};
+pub use manifest::{FileEntry, Manifest};
+pub(crate) use restore::RestoreCache;
+pub use restore::{Checkpoint, CheckpointDir, committed_checkpoints};
+pub(crate) use session::Session;

@@ -1,0 +1,427 @@
+//! Checkpoints as the user and the ranks see them: opened from storage by
+//! their manifest, verified, and materialized as local directories.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OnceCell;
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+use futures::{StreamExt, TryStreamExt};
+
+use super::manifest::{self, Manifest};
+use crate::storage::Storage;
+use crate::{Error, Metrics};
+
+/// How many files are downloaded or verified at once.
+const CONCURRENT_FILES: usize = 8;
+
+/// A committed checkpoint in storage (R26).
+///
+/// Open one by location with [`Checkpoint::open`], or take one from a
+/// [`crate::TrainResult`]. Reading it never changes it.
+///
+/// ```no_run
+/// let checkpoint = trainhost::Checkpoint::open("./trainhost_results/my-run/checkpoint_000004")?;
+/// println!("loss at commit: {:?}", checkpoint.metrics().get("loss"));
+/// let dir = checkpoint.to_directory("./restored")?;
+/// # Ok::<(), trainhost::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    storage: Storage,
+    manifest: Arc<Manifest>,
+}
+
+impl Checkpoint {
+    /// Open the committed checkpoint at `location` (a directory or a
+    /// storage URL of a `checkpoint_NNNNNN` directory). Fails unless its
+    /// manifest exists and is readable. Blocks; from async code use
+    /// [`Checkpoint::open_async`].
+    pub fn open(location: &str) -> Result<Self, Error> {
+        block_on(Self::open_async(location))
+    }
+
+    /// [`Checkpoint::open`] for async callers.
+    pub async fn open_async(location: &str) -> Result<Self, Error> {
+        Self::load(Storage::open(location.trim_end_matches('/'))?).await
+    }
+
+    pub(crate) async fn load(storage: Storage) -> Result<Self, Error> {
+        let not_committed = |reason: String| Error::NotACheckpoint {
+            location: storage.url().to_owned(),
+            reason,
+        };
+        let bytes = storage
+            .get(manifest::MANIFEST)
+            .await?
+            .ok_or_else(|| not_committed(format!("it has no {}", manifest::MANIFEST)))?;
+        let manifest = Manifest::from_json(&bytes).map_err(not_committed)?;
+        for f in &manifest.files {
+            check_relative_path(&f.path).map_err(not_committed)?;
+        }
+        Ok(Self {
+            storage,
+            manifest: Arc::new(manifest),
+        })
+    }
+
+    /// Where the checkpoint is stored (a directory or URL).
+    pub fn location(&self) -> &str {
+        self.storage.url()
+    }
+
+    /// The checkpoint's index in its run.
+    pub fn index(&self) -> u64 {
+        self.manifest.checkpoint_index
+    }
+
+    /// The metrics it was reported with.
+    pub fn metrics(&self) -> &Metrics {
+        &self.manifest.metrics
+    }
+
+    /// Its manifest: files with sizes and checksums, contributing ranks,
+    /// report index, commit time.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Check that every file in storage matches the manifest's size and
+    /// SHA-256.
+    pub fn verify(&self) -> Result<(), Error> {
+        block_on(self.verify_async())
+    }
+
+    /// [`Checkpoint::verify`] for async callers.
+    pub async fn verify_async(&self) -> Result<(), Error> {
+        futures::stream::iter(&self.manifest.files)
+            .map(|f| async move {
+                let (size, sha) = self.storage.digest(&f.path).await?;
+                self.check(&f.path, f.size, &f.sha256, size, &sha)
+            })
+            .buffer_unordered(CONCURRENT_FILES)
+            .try_collect::<()>()
+            .await
+    }
+
+    fn check(
+        &self,
+        path: &str,
+        size: u64,
+        sha: &str,
+        got_size: u64,
+        got_sha: &str,
+    ) -> Result<(), Error> {
+        if size != got_size {
+            return Err(Error::Verification {
+                location: self.location().to_owned(),
+                reason: format!("{path} holds {got_size} bytes, the manifest says {size}"),
+            });
+        }
+        if sha != got_sha {
+            return Err(Error::Verification {
+                location: self.location().to_owned(),
+                reason: format!("{path} has SHA-256 {got_sha}, the manifest says {sha}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copy the checkpoint's files into `dest`, verifying each against the
+    /// manifest, and return `dest`. `dest` must not exist or be an empty
+    /// directory. The files are downloaded beside `dest` and moved into
+    /// place only once all of them verified, so a failure leaves no
+    /// partial `dest`.
+    pub fn to_directory(&self, dest: impl AsRef<Path>) -> Result<PathBuf, Error> {
+        block_on(self.to_directory_async(dest.as_ref()))
+    }
+
+    /// [`Checkpoint::to_directory`] for async callers.
+    pub async fn to_directory_async(&self, dest: &Path) -> Result<PathBuf, Error> {
+        let io = |path: &Path, operation, source| Error::Io {
+            path: path.to_path_buf(),
+            operation,
+            source,
+        };
+        if let Ok(mut entries) = std::fs::read_dir(dest) {
+            if entries.next().is_some() {
+                return Err(Error::InvalidConfig(format!(
+                    "{} is not empty; restore a checkpoint into a new or empty directory",
+                    dest.display()
+                )));
+            }
+        } else if dest.exists() {
+            return Err(Error::InvalidConfig(format!(
+                "{} exists and is not a directory",
+                dest.display()
+            )));
+        }
+        let parent = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| io(&parent, "create the directory to restore into", e))?;
+        let staging = tempfile::Builder::new()
+            .prefix(".trainhost-restore-")
+            .tempdir_in(&parent)
+            .map_err(|e| io(&parent, "create a staging directory", e))?;
+        self.download_into(staging.path()).await?;
+        if dest.exists() {
+            std::fs::remove_dir(dest).map_err(|e| io(dest, "replace the empty directory", e))?;
+        }
+        let staged = staging.keep();
+        std::fs::rename(&staged, dest)
+            .map_err(|e| io(dest, "move the restored checkpoint into place", e))?;
+        Ok(dest.to_path_buf())
+    }
+
+    /// The checkpoint as a local directory: the storage directory itself
+    /// (verified) when storage is local, else a verified download into a
+    /// temporary directory that is removed when the returned value drops.
+    pub fn as_directory(&self) -> Result<CheckpointDir, Error> {
+        if let Some(path) = self.storage.local_path() {
+            self.verify()?;
+            return Ok(CheckpointDir {
+                path: path.to_path_buf(),
+                _temp: None,
+            });
+        }
+        let temp = tempfile::Builder::new()
+            .prefix("trainhost-checkpoint-")
+            .tempdir()
+            .map_err(|e| Error::Io {
+                path: std::env::temp_dir(),
+                operation: "create a temporary directory",
+                source: e,
+            })?;
+        block_on(self.download_into(temp.path()))?;
+        Ok(CheckpointDir {
+            path: temp.path().to_path_buf(),
+            _temp: Some(temp),
+        })
+    }
+
+    /// Download every file into the existing empty directory `root`,
+    /// verifying each.
+    pub(crate) async fn download_into(&self, root: &Path) -> Result<(), Error> {
+        let dir = Dir::open_ambient_dir(root, ambient_authority()).map_err(|source| Error::Io {
+            path: root.to_path_buf(),
+            operation: "open the directory to restore into",
+            source,
+        })?;
+        let dir = &dir;
+        futures::stream::iter(&self.manifest.files)
+            .map(|f| async move {
+                let shown = root.join(&f.path);
+                let io = |source| Error::Io {
+                    path: shown.clone(),
+                    operation: "create a restored checkpoint file",
+                    source,
+                };
+                if let Some((parent, _)) = f.path.rsplit_once('/') {
+                    dir.create_dir_all(parent).map_err(io)?;
+                }
+                let file = dir.create(&f.path).map_err(io)?.into_std();
+                let (size, sha) = self
+                    .storage
+                    .download_to(&f.path, tokio::fs::File::from_std(file), &shown)
+                    .await?;
+                self.check(&f.path, f.size, &f.sha256, size, &sha)
+            })
+            .buffer_unordered(CONCURRENT_FILES)
+            .try_collect::<()>()
+            .await
+    }
+}
+
+/// A checkpoint as a local directory; see [`Checkpoint::as_directory`].
+#[derive(Debug)]
+pub struct CheckpointDir {
+    path: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl CheckpointDir {
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for CheckpointDir {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A manifest's file path must stay inside the checkpoint: relative,
+/// `/`-separated, no empty, `.` or `..` parts. Storage is not trusted.
+fn check_relative_path(path: &str) -> Result<(), String> {
+    let bad = path.is_empty()
+        || path.starts_with('/')
+        || path.contains('\0')
+        || path
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..");
+    if bad {
+        Err(format!("its manifest lists the unsafe path {path:?}"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Run `fut` to completion on a small runtime of its own. The blocking
+/// conveniences of the public API use this.
+pub(crate) fn block_on<T>(fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::InsideAsyncRuntime);
+    }
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Io {
+            path: PathBuf::from("<tokio runtime>"),
+            operation: "start an async runtime",
+            source,
+        })?
+        .block_on(fut)
+}
+
+/// Local copies of checkpoints for the ranks of one host: each is
+/// downloaded and verified once, then shared read-only by every local rank
+/// (R22).
+#[derive(Debug)]
+pub(crate) struct RestoreCache {
+    host_root: PathBuf,
+    guest_root: String,
+    entries: Mutex<HashMap<String, Arc<OnceCell<Result<String, String>>>>>,
+}
+
+impl RestoreCache {
+    /// `host_root` is preopened read-only in every rank at `guest_root`.
+    pub fn new(host_root: PathBuf, guest_root: &str) -> Self {
+        Self {
+            host_root,
+            guest_root: guest_root.to_owned(),
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The guest path of `checkpoint` under the name `key`, downloading it
+    /// on first use. Concurrent callers wait for the one download.
+    pub async fn materialize(&self, key: &str, checkpoint: &Checkpoint) -> Result<String, String> {
+        let cell = {
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(entries.entry(key.to_owned()).or_default())
+        };
+        // The first caller downloads; the others wait for its result.
+        cell.get_or_init(|| async {
+            match self.download(key, checkpoint).await {
+                Ok(()) => Ok(format!("{}/{key}", self.guest_root)),
+                Err(e) => Err(error_chain(&e)),
+            }
+        })
+        .await
+        .clone()
+    }
+
+    async fn download(&self, key: &str, checkpoint: &Checkpoint) -> Result<(), Error> {
+        let final_dir = self.host_root.join(key);
+        if final_dir.exists() {
+            return Ok(());
+        }
+        let staging = self.host_root.join(format!(".partial-{key}"));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).map_err(|source| Error::Io {
+            path: staging.clone(),
+            operation: "create a restore directory",
+            source,
+        })?;
+        checkpoint.download_into(&staging).await?;
+        std::fs::rename(&staging, &final_dir).map_err(|source| Error::Io {
+            path: final_dir.clone(),
+            operation: "move a restored checkpoint into place",
+            source,
+        })?;
+        tracing::info!(checkpoint = %checkpoint.location(), "restored checkpoint");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_relative_path;
+
+    #[test]
+    fn manifest_paths_must_stay_inside() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a/\0",
+        ] {
+            assert!(check_relative_path(bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "a/b.bin", "model-rank=1.safetensors", "..hidden"] {
+            assert!(check_relative_path(good).is_ok(), "{good:?}");
+        }
+    }
+}
+
+/// `e` and its sources, `: `-separated.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// The committed checkpoints of the run stored at `run_location` (a
+/// directory or URL), oldest first. Directories without a valid manifest
+/// were never committed and are left out.
+///
+/// ```no_run
+/// for c in trainhost::committed_checkpoints("./trainhost_results/demo")? {
+///     println!("{} {}", c.location(), c.metrics());
+/// }
+/// # Ok::<(), trainhost::Error>(())
+/// ```
+pub fn committed_checkpoints(run_location: &str) -> Result<Vec<Checkpoint>, Error> {
+    block_on(async {
+        let storage = Storage::open(run_location.trim_end_matches('/'))?;
+        if storage.get(manifest::RUN_STATE).await?.is_none() {
+            return Err(Error::InvalidConfig(format!(
+                "{} holds no trainhost run (no {}); give the run's directory, <storage>/<run name>",
+                storage.url(),
+                manifest::RUN_STATE
+            )));
+        }
+        let mut indexed: Vec<(u64, String)> = storage
+            .list_dirs("")
+            .await?
+            .into_iter()
+            .filter_map(|name| manifest::parse_checkpoint_dir_name(&name).map(|i| (i, name)))
+            .collect();
+        indexed.sort();
+        let mut out = Vec::with_capacity(indexed.len());
+        for (_, name) in indexed {
+            match Checkpoint::load(storage.child(&name)).await {
+                Ok(c) => out.push(c),
+                Err(Error::NotACheckpoint { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    })
+}

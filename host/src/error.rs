@@ -1,0 +1,95 @@
+//! The library's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can stop trainhost from starting or finishing a run, or
+/// from reading a checkpoint.
+///
+/// A run that starts and then fails (a rank traps, a guest returns an
+/// error) is not an `Error`: [`crate::Trainer::fit`] returns a
+/// [`crate::TrainResult`] whose `error` says what happened, alongside
+/// everything committed before it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting is missing, malformed or contradicts another.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// The guest could not be read, is not a component, or does not fit
+    /// trainhost's WIT world.
+    #[error("guest {path}: {message}")]
+    Guest {
+        /// The guest as given (a path, or `<bytes>`).
+        path: String,
+        /// What is wrong and what to do.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    /// A storage operation failed.
+    #[error("storage {url}: {operation} failed")]
+    Storage {
+        /// The storage location.
+        url: String,
+        /// What trainhost was doing.
+        operation: String,
+        /// The object store's error.
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A local file operation failed.
+    #[error("{}: cannot {operation}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What trainhost was doing.
+        operation: &'static str,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A location does not hold a committed checkpoint (no manifest, or an
+    /// unreadable one).
+    #[error("{location} is not a committed checkpoint: {reason}")]
+    NotACheckpoint {
+        /// Where the checkpoint was looked for.
+        location: String,
+        /// Why it does not count.
+        reason: String,
+    },
+
+    /// A checkpoint's files do not match its manifest.
+    #[error("checkpoint {location} failed verification: {reason}")]
+    Verification {
+        /// The checkpoint.
+        location: String,
+        /// Which file differs, and how.
+        reason: String,
+    },
+
+    /// A run of this name exists in storage and cannot be continued with
+    /// these settings.
+    #[error("run {run}: {reason}")]
+    RunConflict {
+        /// The run's storage path.
+        run: String,
+        /// Why, and what to do.
+        reason: String,
+    },
+
+    /// The WebAssembly engine failed outside any guest's code.
+    #[error("wasm runtime: {0}")]
+    Runtime(String),
+
+    /// [`crate::Trainer::fit`] blocks; it was called from inside an async
+    /// runtime, where blocking would stall other tasks.
+    #[error(
+        "Trainer::fit blocks and was called from inside an async runtime; call it through tokio::task::spawn_blocking"
+    )]
+    InsideAsyncRuntime,
+}

@@ -1,0 +1,60 @@
+//! Run machine-learning training loops compiled to WebAssembly components,
+//! one sandboxed instance per rank, with the checkpointing done on the host.
+//!
+//! trainhost gives WASI training loops Ray Train's checkpoint contract: the
+//! loop writes its state to a local directory and calls `report(metrics,
+//! checkpoint)`; the host persists the files to storage and commits them
+//! with a manifest of checksums, and `get_checkpoint()` hands the latest
+//! committed checkpoint back. Each rank is its own wasmtime instance that
+//! sees only its scratch directory, the checkpoint it restores from
+//! (read-only), its config and the trainhost imports.
+//!
+//! Guests are written with the `trainhost-guest` crate. To run one from
+//! your own program:
+//!
+//! ```no_run
+//! use trainhost::{RunConfig, ScalingConfig, Trainer};
+//!
+//! let result = Trainer::builder("linear_regression.wasm")
+//!     .train_loop_config(serde_json::json!({"num_epochs": 5}))
+//!     .scaling_config(ScalingConfig { num_workers: 2 })
+//!     .run_config(RunConfig {
+//!         name: Some("demo".into()),
+//!         ..RunConfig::default()
+//!     })
+//!     .build()?
+//!     .fit()?;
+//! match &result.error {
+//!     None => println!("done; last metrics {:?}", result.metrics),
+//!     Some(e) => eprintln!("failed: {e}"),
+//! }
+//! for (checkpoint, metrics) in &result.best_checkpoints {
+//!     println!("{} {metrics}", checkpoint.location());
+//! }
+//! # Ok::<(), trainhost::Error>(())
+//! ```
+//!
+//! The behaviour promised, rule by rule, is in the repository's
+//! `SEMANTICS` rules cited throughout as R1..R26.
+#![deny(missing_docs)]
+
+mod checkpoint;
+mod error;
+mod metrics;
+mod result;
+mod runtime;
+mod storage;
+mod trainer;
+
+pub use checkpoint::{
+    Checkpoint, CheckpointDir, CheckpointRecord, FileEntry, Manifest, ReportRecord,
+    committed_checkpoints,
+};
+pub use error::Error;
+pub use metrics::{MetricValue, Metrics};
+pub use result::{FailureKind, RunFailure, TrainResult};
+pub use runtime::output::{OutputSink, Stream, TerminalOutput};
+pub use trainer::{
+    DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE, GuestSource, RunConfig, ScalingConfig, Trainer,
+    TrainerBuilder,
+};

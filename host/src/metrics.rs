@@ -1,0 +1,216 @@
+//! Reported metrics: a flat map from name to value.
+//!
+//! Stored as JSON. Finite floats and integers are JSON numbers; NaN and
+//! infinities, which JSON cannot hold, are written `{"float": "NaN"}` (or
+//! `"inf"`, `"-inf"`) so they survive a round trip without being confused
+//! with text.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The value of one metric.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetricValue {
+    /// A whole number.
+    Integer(i64),
+    /// A floating-point number, possibly NaN or infinite.
+    Float(f64),
+    /// Text.
+    Text(String),
+    /// A flag.
+    Boolean(bool),
+}
+
+impl MetricValue {
+    /// The value as a number, if it is one (integers widen to `f64`).
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            MetricValue::Integer(i) => Some(*i as f64),
+            MetricValue::Float(f) => Some(*f),
+            MetricValue::Text(_) | MetricValue::Boolean(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for MetricValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetricValue::Integer(v) => write!(f, "{v}"),
+            MetricValue::Float(v) => write!(f, "{v}"),
+            MetricValue::Text(v) => write!(f, "{v:?}"),
+            MetricValue::Boolean(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl Serialize for MetricValue {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MetricValue::Integer(v) => s.serialize_i64(*v),
+            MetricValue::Float(v) if v.is_finite() => s.serialize_f64(*v),
+            MetricValue::Float(v) => {
+                let text = if v.is_nan() {
+                    "NaN"
+                } else if *v > 0.0 {
+                    "inf"
+                } else {
+                    "-inf"
+                };
+                let mut map = BTreeMap::new();
+                map.insert("float", text);
+                map.serialize(s)
+            }
+            MetricValue::Text(v) => s.serialize_str(v),
+            MetricValue::Boolean(v) => s.serialize_bool(*v),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MetricValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde_json::Value;
+        match Value::deserialize(d)? {
+            Value::Bool(b) => Ok(MetricValue::Boolean(b)),
+            Value::String(s) => Ok(MetricValue::Text(s)),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) if !n.is_f64() => Ok(MetricValue::Integer(i)),
+                _ => n
+                    .as_f64()
+                    .map(MetricValue::Float)
+                    .ok_or_else(|| D::Error::custom(format!("metric value {n} is out of range"))),
+            },
+            Value::Object(map) => match map.get("float").and_then(Value::as_str) {
+                Some("NaN") if map.len() == 1 => Ok(MetricValue::Float(f64::NAN)),
+                Some("inf") if map.len() == 1 => Ok(MetricValue::Float(f64::INFINITY)),
+                Some("-inf") if map.len() == 1 => Ok(MetricValue::Float(f64::NEG_INFINITY)),
+                _ => Err(D::Error::custom(
+                    "a metric value object must be {\"float\": \"NaN\" | \"inf\" | \"-inf\"}",
+                )),
+            },
+            other => Err(D::Error::custom(format!(
+                "a metric value must be a number, string or bool, not {other}"
+            ))),
+        }
+    }
+}
+
+/// Metrics of one report, by name. Nested names use `/` (`eval/loss`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Metrics(BTreeMap<String, MetricValue>);
+
+impl Metrics {
+    /// No metrics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value of `name`.
+    pub fn get(&self, name: &str) -> Option<&MetricValue> {
+        self.0.get(name)
+    }
+
+    /// Set `name` to `value`.
+    pub fn insert(&mut self, name: impl Into<String>, value: MetricValue) {
+        self.0.insert(name.into(), value);
+    }
+
+    /// The metrics in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &MetricValue)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// How many metrics there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Build metrics from `(name, value)` pairs as a guest sends them,
+    /// refusing empty and repeated names.
+    pub fn from_pairs(
+        pairs: impl IntoIterator<Item = (String, MetricValue)>,
+    ) -> Result<Self, String> {
+        let mut out = BTreeMap::new();
+        for (name, value) in pairs {
+            if name.is_empty() {
+                return Err("a metric has an empty name".into());
+            }
+            if name.split('/').any(str::is_empty) {
+                return Err(format!(
+                    "metric name {name:?} has an empty part between '/' separators"
+                ));
+            }
+            if out.insert(name.clone(), value).is_some() {
+                return Err(format!("metric {name:?} is given twice"));
+            }
+        }
+        Ok(Metrics(out))
+    }
+}
+
+impl fmt::Display for Metrics {
+    /// `name=value` pairs separated by spaces.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        Ok(())
+    }
+}
+
+impl<K: Into<String>> FromIterator<(K, MetricValue)> for Metrics {
+    fn from_iter<I: IntoIterator<Item = (K, MetricValue)>>(iter: I) -> Self {
+        Metrics(iter.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_json_including_non_finite_floats() {
+        let m: Metrics = [
+            ("loss", MetricValue::Float(0.5)),
+            ("nan", MetricValue::Float(f64::NAN)),
+            ("inf", MetricValue::Float(f64::NEG_INFINITY)),
+            ("epoch", MetricValue::Integer(3)),
+            ("whole_float", MetricValue::Float(2.0)),
+            ("text", MetricValue::Text("NaN".into())),
+            ("flag", MetricValue::Boolean(true)),
+        ]
+        .into_iter()
+        .collect();
+        let json = serde_json::to_string(&m).unwrap();
+        let back: Metrics = serde_json::from_str(&json).unwrap();
+        assert!(matches!(back.get("nan"), Some(MetricValue::Float(f)) if f.is_nan()));
+        assert_eq!(
+            back.get("inf"),
+            Some(&MetricValue::Float(f64::NEG_INFINITY))
+        );
+        assert_eq!(back.get("epoch"), Some(&MetricValue::Integer(3)));
+        assert_eq!(back.get("whole_float"), Some(&MetricValue::Float(2.0)));
+        assert_eq!(back.get("text"), Some(&MetricValue::Text("NaN".into())));
+        assert_eq!(back.get("flag"), Some(&MetricValue::Boolean(true)));
+    }
+
+    #[test]
+    fn refuses_empty_repeated_and_malformed_names() {
+        let v = || MetricValue::Integer(1);
+        assert!(Metrics::from_pairs([("".into(), v())]).is_err());
+        assert!(Metrics::from_pairs([("a//b".into(), v())]).is_err());
+        assert!(Metrics::from_pairs([("a".into(), v()), ("a".into(), v())]).is_err());
+        assert!(Metrics::from_pairs([("eval/loss".into(), v())]).is_ok());
+    }
+}

@@ -1,0 +1,112 @@
+//! What a run yields (R25).
+
+use std::fmt;
+
+use serde_json::json;
+
+use crate::Metrics;
+use crate::checkpoint::{Checkpoint, ReportRecord};
+
+/// Why a run failed after it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFailure {
+    /// The rank that failed first, when one rank is to blame.
+    pub rank: Option<u32>,
+    /// What kind of failure it was.
+    pub kind: FailureKind,
+    /// What happened, as the guest or the host said it.
+    pub message: String,
+}
+
+/// The kinds of [`RunFailure`] (SEMANTICS R19).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The guest trapped: a panic, `unreachable`, an out-of-bounds access.
+    Trap,
+    /// The guest's `train` returned an error.
+    GuestError,
+    /// The guest called `exit` with a non-zero status.
+    Exit,
+    /// Ranks disagreed on the number of reports.
+    Protocol,
+    /// Persisting a report failed.
+    Storage,
+    /// The checkpoint to resume from could not be restored.
+    Restore,
+}
+
+impl fmt::Display for RunFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            FailureKind::Trap => "trapped",
+            FailureKind::GuestError => "returned an error",
+            FailureKind::Exit => "exited",
+            FailureKind::Protocol => "broke the report protocol",
+            FailureKind::Storage => "could not persist a report",
+            FailureKind::Restore => "could not restore a checkpoint",
+        };
+        match self.rank {
+            Some(rank) => write!(f, "rank {rank} {what}: {}", self.message),
+            None => write!(f, "{}", self.message),
+        }
+    }
+}
+
+impl std::error::Error for RunFailure {}
+
+/// The outcome of [`crate::Trainer::fit`].
+///
+/// A run that started always yields a result, also when it failed: check
+/// [`TrainResult::error`].
+#[derive(Debug, Clone)]
+#[must_use = "a run may have failed: check `error`"]
+pub struct TrainResult {
+    /// The run's name.
+    pub run_name: String,
+    /// The run's storage path (directory or URL).
+    pub path: String,
+    /// The latest committed checkpoint.
+    pub checkpoint: Option<Checkpoint>,
+    /// The retained checkpoints, best first, with their metrics. Without a
+    /// score attribute, newest first.
+    pub best_checkpoints: Vec<(Checkpoint, Metrics)>,
+    /// The last reported metrics (rank 0's).
+    pub metrics: Option<Metrics>,
+    /// Every report of the run, oldest first, across resumed runs.
+    pub metrics_history: Vec<ReportRecord>,
+    /// How many times the run failed.
+    pub failures: u32,
+    /// Why the run failed, if it did.
+    pub error: Option<RunFailure>,
+}
+
+impl TrainResult {
+    /// The result as JSON, as the CLI's `--result-json` writes it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let checkpoint = |c: &Checkpoint| {
+            json!({
+                "index": c.index(),
+                "path": c.location(),
+                "metrics": c.metrics(),
+                "files": c.manifest().files.len(),
+                "bytes": c.manifest().total_bytes(),
+                "committed_at": c.manifest().committed_at,
+            })
+        };
+        json!({
+            "run_name": self.run_name,
+            "path": self.path,
+            "checkpoint": self.checkpoint.as_ref().map(checkpoint),
+            "best_checkpoints": self.best_checkpoints.iter().map(|(c, _)| checkpoint(c)).collect::<Vec<_>>(),
+            "metrics": self.metrics,
+            "metrics_history": self.metrics_history,
+            "failures": self.failures,
+            "error": self.error.as_ref().map(|e| json!({
+                "rank": e.rank,
+                "kind": format!("{:?}", e.kind),
+                "message": e.to_string(),
+            })),
+        })
+    }
+}

@@ -1,0 +1,10 @@
+//! Host bindings generated from `wit/trainhost.wit`. Nothing here is written
+//! by hand; `rank.rs` implements the generated traits.
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "trainer",
+    // Every import may trap: that is how a rank is stopped when the run
+    // fails elsewhere while it waits in `report`.
+    imports: { default: trappable },
+});

@@ -1,0 +1,162 @@
+//! The WebAssembly side: the engine, compiling a guest once, and running
+//! ranks. Nothing here knows about storage.
+
+mod bindings;
+pub(crate) mod output;
+mod rank;
+mod sandbox;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+pub(crate) use rank::{RankDirs, RankInfo, RankOutcome, RankShared, run_rank};
+pub(crate) use sandbox::RESTORE_GUEST_PATH;
+
+use crate::Error;
+use bindings::{Trainer, TrainerPre};
+use rank::RankState;
+
+/// How often running guests check whether the run is stopping.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The WIT package version this host implements, for messages.
+pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.0";
+
+/// A guest compiled once and ready to instantiate for any number of ranks.
+pub(crate) struct GuestComponent {
+    engine: Engine,
+    pre: TrainerPre<RankState>,
+}
+
+impl std::fmt::Debug for GuestComponent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuestComponent").finish_non_exhaustive()
+    }
+}
+
+impl GuestComponent {
+    /// Compile `bytes` (named `shown` in errors) and link it against
+    /// trainhost's world and WASI.
+    pub fn compile(bytes: &[u8], shown: &str) -> Result<Self, Error> {
+        let guest_err = |message: String, source: Option<wasmtime::Error>| Error::Guest {
+            path: shown.to_owned(),
+            message,
+            source: source.map(|e| e.into_boxed_dyn_error()),
+        };
+        check_header(bytes).map_err(|m| guest_err(m, None))?;
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| Error::Runtime(format!("{e:#}")))?;
+        let component = Component::new(&engine, bytes)
+            .map_err(|e| guest_err("is not a valid WebAssembly component".into(), Some(e)))?;
+        let mut linker = Linker::<RankState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| Error::Runtime(format!("{e:#}")))?;
+        Trainer::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| Error::Runtime(format!("{e:#}")))?;
+        let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
+            guest_err(
+                format!(
+                    "does not fit trainhost's world ({WIT_PACKAGE}, world `trainer`): it imports something the host does not provide; build it against trainhost-guest or wit/trainhost.wit"
+                ),
+                Some(e),
+            )
+        })?;
+        let pre = TrainerPre::new(instance_pre).map_err(|e| {
+            guest_err(
+                format!(
+                    "does not export trainhost's `train` function ({WIT_PACKAGE}, world `trainer`); declare an entry point with trainhost_guest::entry!"
+                ),
+                Some(e),
+            )
+        })?;
+        Ok(Self { engine, pre })
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(crate) fn pre(&self) -> &TrainerPre<RankState> {
+        &self.pre
+    }
+
+    /// Start the thread that advances the engine's epoch while ranks run.
+    pub fn start_ticker(&self) -> EpochTicker {
+        EpochTicker::start(self.engine.clone())
+    }
+}
+
+/// Tell a core module or garbage apart from a component before compiling,
+/// so the error says what to do.
+fn check_header(bytes: &[u8]) -> Result<(), String> {
+    const MAGIC: &[u8] = b"\0asm";
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err("is not WebAssembly (no \\0asm header); pass the .wasm file cargo built for wasm32-wasip2".into());
+    }
+    // Core modules have layer 0 in bytes 6..8; components layer 1.
+    if bytes[6..8] == [0, 0] {
+        return Err("is a core WebAssembly module, not a component; build it for the wasm32-wasip2 target (which produces a component) or wrap it with `wasm-tools component new`".into());
+    }
+    Ok(())
+}
+
+/// Advances an engine's epoch every [`EPOCH_TICK`] on its own OS thread (a
+/// tokio task would starve behind busy guests) until dropped.
+pub(crate) struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("trainhost-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .ok();
+        Self { stop, thread }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_header;
+
+    #[test]
+    fn tells_modules_and_garbage_from_components() {
+        assert!(
+            check_header(b"hello world")
+                .unwrap_err()
+                .contains("not WebAssembly")
+        );
+        let module = b"\0asm\x01\0\0\0";
+        assert!(
+            check_header(module)
+                .unwrap_err()
+                .contains("core WebAssembly module")
+        );
+        let component = b"\0asm\x0d\0\x01\0";
+        assert!(check_header(component).is_ok());
+    }
+}

@@ -1,0 +1,205 @@
+//! Guest stdout and stderr: split into lines and handed to an
+//! [`OutputSink`], which by default prints each line prefixed with its rank
+//! (R4). A line is always delivered whole, so ranks never interleave within
+//! a line.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+/// Lines longer than this are delivered in pieces of this size.
+const MAX_LINE: usize = 64 * 1024;
+/// How many of a rank's last stderr lines are kept to explain a trap.
+const STDERR_TAIL: usize = 8;
+
+/// Which of a rank's output streams a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// The guest's stdout.
+    Stdout,
+    /// The guest's stderr.
+    Stderr,
+}
+
+/// Receives the ranks' output, one whole line at a time (without its line
+/// ending). Called from the ranks' threads, so it must be `Sync`.
+pub trait OutputSink: Send + Sync + 'static {
+    /// One line of `rank`'s `stream`.
+    fn line(&self, rank: u32, stream: Stream, line: &str);
+}
+
+/// The default sink: each line to the host's stdout or stderr as
+/// `[rank N] line`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TerminalOutput;
+
+impl OutputSink for TerminalOutput {
+    fn line(&self, rank: u32, stream: Stream, line: &str) {
+        // One locked write per line keeps lines whole across ranks.
+        let _ = match stream {
+            Stream::Stdout => writeln!(std::io::stdout().lock(), "[rank {rank}] {line}"),
+            Stream::Stderr => writeln!(std::io::stderr().lock(), "[rank {rank}] {line}"),
+        };
+    }
+}
+
+struct Buffer {
+    pending: Vec<u8>,
+    tail: VecDeque<String>,
+}
+
+/// One rank's stdout or stderr, as given to its WASI context.
+#[derive(Clone)]
+pub(crate) struct RankStream {
+    rank: u32,
+    stream: Stream,
+    sink: Arc<dyn OutputSink>,
+    buffer: Arc<Mutex<Buffer>>,
+}
+
+impl RankStream {
+    pub fn new(rank: u32, stream: Stream, sink: Arc<dyn OutputSink>) -> Self {
+        Self {
+            rank,
+            stream,
+            sink,
+            buffer: Arc::new(Mutex::new(Buffer {
+                pending: Vec::new(),
+                tail: VecDeque::new(),
+            })),
+        }
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut buf = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
+        buf.pending.extend_from_slice(bytes);
+        loop {
+            let (take, skip) = match buf.pending.iter().position(|b| *b == b'\n') {
+                Some(i) if i <= MAX_LINE => (i, 1),
+                _ if buf.pending.len() >= MAX_LINE => (MAX_LINE, 0),
+                _ => break,
+            };
+            let mut line: Vec<u8> = buf.pending.drain(..take + skip).collect();
+            line.truncate(take);
+            self.emit(&mut buf, &line);
+        }
+    }
+
+    fn emit(&self, buf: &mut Buffer, line: &[u8]) {
+        let line = String::from_utf8_lossy(line.strip_suffix(b"\r").unwrap_or(line));
+        if self.stream == Stream::Stderr {
+            if buf.tail.len() == STDERR_TAIL {
+                buf.tail.pop_front();
+            }
+            buf.tail.push_back(line.to_string());
+        }
+        self.sink.line(self.rank, self.stream, &line);
+    }
+
+    /// Deliver a last line that had no line ending.
+    pub fn finish(&self) {
+        let mut buf = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
+        if !buf.pending.is_empty() {
+            let line = std::mem::take(&mut buf.pending);
+            self.emit(&mut buf, &line);
+        }
+    }
+
+    /// The last lines written (stderr only), oldest first.
+    pub fn tail(&self) -> Vec<String> {
+        let buf = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
+        buf.tail.iter().cloned().collect()
+    }
+}
+
+impl IsTerminal for RankStream {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for RankStream {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+impl OutputStream for RankStream {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(MAX_LINE)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for RankStream {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for RankStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<(u32, Stream, String)>>);
+    impl OutputSink for Collect {
+        fn line(&self, rank: u32, stream: Stream, line: &str) {
+            self.0.lock().unwrap().push((rank, stream, line.to_owned()));
+        }
+    }
+
+    #[test]
+    fn splits_lines_across_writes_and_flushes_the_rest() {
+        let sink = Arc::new(Collect::default());
+        let s = RankStream::new(3, Stream::Stderr, sink.clone());
+        s.push(b"hel");
+        s.push(b"lo\nwor");
+        s.push(b"ld\r\n\nlast");
+        s.finish();
+        let lines: Vec<String> = sink.0.lock().unwrap().iter().map(|l| l.2.clone()).collect();
+        assert_eq!(lines, ["hello", "world", "", "last"]);
+        assert_eq!(s.tail(), ["hello", "world", "", "last"]);
+    }
+
+    #[test]
+    fn cuts_overlong_lines() {
+        let sink = Arc::new(Collect::default());
+        let s = RankStream::new(0, Stream::Stdout, sink.clone());
+        s.push(&vec![b'x'; MAX_LINE * 2 + 5]);
+        s.finish();
+        let lens: Vec<usize> = sink.0.lock().unwrap().iter().map(|l| l.2.len()).collect();
+        assert_eq!(lens, [MAX_LINE, MAX_LINE, 5]);
+    }
+}

@@ -1,0 +1,288 @@
+//! One rank: its store data, the WIT imports it calls, and running it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, UpdateDeadline};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::GuestComponent;
+use super::bindings::trainhost::train::{context, session};
+use super::output::{OutputSink, RankStream, Stream};
+use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
+use crate::checkpoint::{self, Aborted, ReportRefused, Session};
+use crate::metrics::{MetricValue, Metrics};
+use crate::result::{FailureKind, RunFailure};
+
+/// Where a rank sits in the run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RankInfo {
+    pub world_rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    pub local_world_size: u32,
+    pub node_rank: u32,
+}
+
+/// What every rank of a run shares, beyond the session.
+#[derive(Debug, Clone)]
+pub(crate) struct RankShared {
+    pub config_json: Arc<str>,
+    pub run_name: Arc<str>,
+    pub output: Arc<dyn OutputSink>,
+}
+
+impl std::fmt::Debug for dyn OutputSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutputSink")
+    }
+}
+
+/// The data of one rank's store.
+pub(crate) struct RankState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    info: RankInfo,
+    shared: RankShared,
+    sandbox: Sandbox,
+    session: Arc<Session>,
+    /// How many times this rank's `report` reached the gate.
+    reports: u64,
+}
+
+/// The trap that stops a rank because the run is failing elsewhere.
+#[derive(Debug)]
+struct StoppedByHost;
+
+impl std::fmt::Display for StoppedByHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stopped: the run is failing")
+    }
+}
+
+impl std::error::Error for StoppedByHost {}
+
+/// How a rank ended.
+#[derive(Debug)]
+pub(crate) enum RankOutcome {
+    /// `train` returned `Ok`.
+    Finished,
+    /// This rank failed; the failure is the session's if it was the first.
+    Failed,
+    /// This rank was stopped because the run failed elsewhere.
+    Stopped,
+}
+
+impl WasiView for RankState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl context::Host for RankState {
+    fn world_rank(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.world_rank)
+    }
+    fn world_size(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.world_size)
+    }
+    fn local_rank(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.local_rank)
+    }
+    fn local_world_size(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.local_world_size)
+    }
+    fn node_rank(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.node_rank)
+    }
+    fn config(&mut self) -> wasmtime::Result<String> {
+        Ok(self.shared.config_json.to_string())
+    }
+    fn run_name(&mut self) -> wasmtime::Result<String> {
+        Ok(self.shared.run_name.to_string())
+    }
+    fn scratch_dir(&mut self) -> wasmtime::Result<String> {
+        Ok(SCRATCH_GUEST_PATH.to_owned())
+    }
+}
+
+impl session::Host for RankState {
+    fn report(
+        &mut self,
+        metrics: Vec<session::Metric>,
+        checkpoint: Option<String>,
+    ) -> wasmtime::Result<Result<(), session::ReportError>> {
+        use session::ReportError;
+        // Refusals before the gate do not count as this rank's report: the
+        // guest may fix the call and make it again.
+        let metrics = match Metrics::from_pairs(metrics.into_iter().map(|m| {
+            let value = match m.value {
+                session::MetricValue::Integer(v) => MetricValue::Integer(v),
+                session::MetricValue::Float(v) => MetricValue::Float(v),
+                session::MetricValue::Text(v) => MetricValue::Text(v),
+                session::MetricValue::Boolean(v) => MetricValue::Boolean(v),
+            };
+            (m.name, value)
+        })) {
+            Ok(m) => m,
+            Err(msg) => return Ok(Err(ReportError::InvalidMetrics(msg))),
+        };
+        let capture = match checkpoint {
+            None => None,
+            Some(path) => {
+                let captured = self
+                    .sandbox
+                    .open_dir(&path)
+                    .and_then(|dir| checkpoint::capture(self.info.world_rank, dir, &path));
+                match captured {
+                    Ok(c) => Some(c),
+                    Err(msg) => return Ok(Err(ReportError::InvalidCheckpoint(msg))),
+                }
+            }
+        };
+        self.reports += 1;
+        match self.session.report(self.info.world_rank, metrics, capture) {
+            Ok(Ok(())) => Ok(Ok(())),
+            Ok(Err(ReportRefused::Collision(msg))) => Ok(Err(ReportError::Collision(msg))),
+            Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
+        }
+    }
+
+    fn get_checkpoint(&mut self) -> wasmtime::Result<Option<String>> {
+        self.session
+            .get_checkpoint(self.info.world_rank)
+            .map_err(|Aborted| wasmtime::Error::new(StoppedByHost))
+    }
+}
+
+/// Host directories of one rank.
+pub(crate) struct RankDirs<'a> {
+    pub scratch: &'a Path,
+    pub restore: &'a Path,
+}
+
+/// Run one rank to completion on the calling thread.
+pub(crate) fn run_rank(
+    guest: &GuestComponent,
+    info: RankInfo,
+    shared: RankShared,
+    dirs: RankDirs<'_>,
+    session: Arc<Session>,
+) -> RankOutcome {
+    let rank = info.world_rank;
+    let stdout = RankStream::new(rank, Stream::Stdout, Arc::clone(&shared.output));
+    let stderr = RankStream::new(rank, Stream::Stderr, Arc::clone(&shared.output));
+    let outcome = match build_state(info, shared, &dirs, Arc::clone(&session), &stdout, &stderr) {
+        Ok(state) => call_train(guest, state),
+        Err(message) => Err(RunFailure {
+            rank: Some(rank),
+            kind: FailureKind::Trap,
+            message,
+        }),
+    };
+    stdout.finish();
+    stderr.finish();
+    match outcome {
+        Ok(reports) => {
+            session.finish(rank, reports);
+            RankOutcome::Finished
+        }
+        Err(_)
+            if session.is_aborted() && session.failure().is_some_and(|f| f.rank != Some(rank)) =>
+        {
+            RankOutcome::Stopped
+        }
+        Err(mut failure) => {
+            let tail = stderr.tail();
+            if failure.kind == FailureKind::Trap && !tail.is_empty() {
+                failure.message = format!(
+                    "{}\nlast lines of its stderr:\n  {}",
+                    failure.message,
+                    tail.join("\n  ")
+                );
+            }
+            session.fail(failure);
+            RankOutcome::Failed
+        }
+    }
+}
+
+fn build_state(
+    info: RankInfo,
+    shared: RankShared,
+    dirs: &RankDirs<'_>,
+    session: Arc<Session>,
+    stdout: &RankStream,
+    stderr: &RankStream,
+) -> Result<RankState, String> {
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .env("TMPDIR", SCRATCH_GUEST_PATH)
+        .env("HOME", SCRATCH_GUEST_PATH);
+    let mount_err =
+        |what: &str, e: &dyn std::fmt::Display| format!("cannot preopen the {what} directory: {e}");
+    wasi.preopened_dir(dirs.scratch, SCRATCH_GUEST_PATH, FsPerms::ReadWrite)
+        .map_err(|e| mount_err("scratch", &e))?;
+    wasi.preopened_dir(dirs.restore, RESTORE_GUEST_PATH, FsPerms::ReadOnly)
+        .map_err(|e| mount_err("restore", &e))?;
+    let mut sandbox = Sandbox::new(SCRATCH_GUEST_PATH);
+    sandbox
+        .mount(SCRATCH_GUEST_PATH, dirs.scratch)
+        .map_err(|e| mount_err("scratch", &e))?;
+    sandbox
+        .mount(RESTORE_GUEST_PATH, dirs.restore)
+        .map_err(|e| mount_err("restore", &e))?;
+    Ok(RankState {
+        wasi: wasi.build(),
+        table: ResourceTable::new(),
+        info,
+        shared,
+        sandbox,
+        session,
+        reports: 0,
+    })
+}
+
+/// Instantiate and call `train`; `Ok(reports)` when it returned `Ok`.
+fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, RunFailure> {
+    let rank = state.info.world_rank;
+    let fail = |kind, message| RunFailure {
+        rank: Some(rank),
+        kind,
+        message,
+    };
+    let mut store = Store::new(guest.engine(), state);
+    // Checked on every epoch tick: a rank computing while another failed is
+    // interrupted instead of running on (gang stop, R19).
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|ctx| {
+        Ok(if ctx.data().session.is_aborted() {
+            UpdateDeadline::Interrupt
+        } else {
+            UpdateDeadline::Continue(1)
+        })
+    });
+    let result = guest
+        .pre()
+        .instantiate(&mut store)
+        .and_then(|trainer| trainer.call_train(&mut store));
+    match result {
+        Ok(Ok(())) => Ok(store.data().reports),
+        Ok(Err(message)) => Err(fail(FailureKind::GuestError, message)),
+        Err(e) => {
+            if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+                return if exit.0 == 0 {
+                    Ok(store.data().reports)
+                } else {
+                    Err(fail(FailureKind::Exit, format!("exit status {}", exit.0)))
+                };
+            }
+            Err(fail(FailureKind::Trap, format!("{e:?}")))
+        }
+    }
+}

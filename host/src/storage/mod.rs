@@ -1,0 +1,338 @@
+//! Where runs live: a location (local directory, `file://`, `memory://`, or
+//! an object store URL) turned into an [`ObjectStore`] plus a prefix, and
+//! the few operations trainhost needs on it, each naming the location and
+//! the operation when it fails.
+//!
+//! Nothing here knows about wasm, ranks or reports; the only
+//! trainhost-specific knowledge is that files are streamed with a running
+//! SHA-256, which the manifest records.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::{Path as ObjectPath, PathPart};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::Error;
+
+/// Files up to this size go up in one request; larger ones as multipart
+/// uploads of parts this size. Memory per file in flight is bounded by
+/// `PART_SIZE * MAX_PARTS_IN_FLIGHT`, whatever the file's size.
+const PART_SIZE: usize = 8 * 1024 * 1024;
+const MAX_PARTS_IN_FLIGHT: usize = 4;
+
+/// A storage location: an object store and a prefix inside it.
+///
+/// Cheap to clone; clones share the connection.
+#[derive(Clone, Debug)]
+pub struct Storage {
+    store: Arc<dyn ObjectStore>,
+    root: ObjectPath,
+    url: String,
+}
+
+impl Storage {
+    /// Open a storage location.
+    ///
+    /// Accepts a plain directory path (created if missing), a `file://` URL,
+    /// `memory://` (a fresh in-memory store, for tests), or a URL whose
+    /// scheme `object_store` supports in this build.
+    pub fn open(location: &str) -> Result<Self, Error> {
+        if location.is_empty() {
+            return Err(Error::InvalidConfig(
+                "storage location is empty; give a directory or a URL such as file:///data/runs"
+                    .into(),
+            ));
+        }
+        if location == "memory://" || location.starts_with("memory:///") {
+            let prefix = location.trim_start_matches("memory://").trim_matches('/');
+            return Ok(Self {
+                store: Arc::new(InMemory::new()),
+                root: ObjectPath::from(prefix),
+                url: location.to_owned(),
+            });
+        }
+        if let Some(rest) = location.strip_prefix("file://") {
+            let url = url::Url::parse(location).map_err(|e| {
+                Error::InvalidConfig(format!("storage URL {location:?} is not a valid URL: {e}"))
+            })?;
+            let path = url.to_file_path().map_err(|()| {
+                Error::InvalidConfig(format!(
+                    "storage URL {location:?} is not an absolute local path (write file:///abs/path, got file://{rest})"
+                ))
+            })?;
+            return Self::local(&path);
+        }
+        if location.contains("://") {
+            let url = url::Url::parse(location).map_err(|e| {
+                Error::InvalidConfig(format!("storage URL {location:?} is not a valid URL: {e}"))
+            })?;
+            let (store, root) = object_store::parse_url(&url).map_err(|e| {
+                Error::InvalidConfig(format!(
+                    "storage URL {location:?} is not supported: {e}; use a local directory, file://, or memory://"
+                ))
+            })?;
+            return Ok(Self {
+                store: Arc::from(store),
+                root,
+                url: location.trim_end_matches('/').to_owned(),
+            });
+        }
+        Self::local(Path::new(location))
+    }
+
+    /// A local directory, created if missing.
+    fn local(dir: &Path) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            operation: "create the storage directory",
+            source,
+        })?;
+        let abs = std::fs::canonicalize(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            operation: "resolve the storage directory",
+            source,
+        })?;
+        let store = LocalFileSystem::new_with_prefix(&abs)
+            .map_err(|e| Error::InvalidConfig(format!("storage directory {}: {e}", abs.display())))?
+            // Deleting a checkpoint's files removes its now empty directories.
+            .with_automatic_cleanup(true);
+        Ok(Self {
+            store: Arc::new(store),
+            root: ObjectPath::default(),
+            url: abs.display().to_string(),
+        })
+    }
+
+    /// The location below this one at `relative` (`/`-separated).
+    pub fn child(&self, relative: &str) -> Self {
+        let root = self.object_path(relative);
+        let url = format!("{}/{}", self.url.trim_end_matches('/'), relative);
+        Self {
+            store: Arc::clone(&self.store),
+            root,
+            url,
+        }
+    }
+
+    /// The location as the user would write it (a directory or URL).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The local directory behind this location, if it is a local one.
+    pub fn local_path(&self) -> Option<&Path> {
+        let p = Path::new(&self.url);
+        p.is_absolute().then_some(p)
+    }
+
+    fn object_path(&self, relative: &str) -> ObjectPath {
+        let mut path = self.root.clone();
+        for part in relative.split('/').filter(|p| !p.is_empty()) {
+            path = path.join(PathPart::from(part));
+        }
+        path
+    }
+
+    fn error(&self, operation: String, source: object_store::Error) -> Error {
+        Error::Storage {
+            url: self.url.clone(),
+            operation,
+            source,
+        }
+    }
+
+    /// Store `data` at `relative`, replacing what was there.
+    pub async fn put(&self, relative: &str, data: Bytes) -> Result<(), Error> {
+        self.store
+            .put(&self.object_path(relative), PutPayload::from(data))
+            .await
+            .map(drop)
+            .map_err(|e| self.error(format!("write {relative}"), e))
+    }
+
+    /// The bytes at `relative`, or `None` if there is no such object.
+    pub async fn get(&self, relative: &str) -> Result<Option<Bytes>, Error> {
+        let path = self.object_path(relative);
+        match self.store.get(&path).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map(Some)
+                .map_err(|e| self.error(format!("read {relative}"), e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error(format!("read {relative}"), e)),
+        }
+    }
+
+    /// Delete every object below `relative`.
+    pub async fn delete_all(&self, relative: &str) -> Result<(), Error> {
+        let prefix = self.object_path(relative);
+        let mut listing = self.store.list(Some(&prefix));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.map_err(|e| self.error(format!("list {relative}"), e))?;
+            match self.store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.error(format!("delete {}", meta.location), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The names of the "directories" directly below `relative`.
+    pub async fn list_dirs(&self, relative: &str) -> Result<Vec<String>, Error> {
+        let prefix = self.object_path(relative);
+        let listing = self
+            .store
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|e| self.error(format!("list {relative}"), e))?;
+        Ok(listing
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_owned))
+            .collect())
+    }
+
+    /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256.
+    ///
+    /// Small files go up in one request; large ones as a multipart upload
+    /// whose parts are sent concurrently. Memory use is bounded whatever the
+    /// file's size. Fails if the file does not hold exactly `size` bytes
+    /// (it changed while being read).
+    pub async fn upload_file(
+        &self,
+        relative: &str,
+        mut file: tokio::fs::File,
+        size: u64,
+    ) -> Result<String, Error> {
+        let location = self.object_path(relative);
+        let mut hasher = Sha256::new();
+        let mut read = 0u64;
+        let io_err = |source: std::io::Error| Error::Io {
+            path: relative.into(),
+            operation: "read a checkpoint file",
+            source,
+        };
+        if size <= PART_SIZE as u64 {
+            let mut buf = Vec::with_capacity(size as usize);
+            (&mut file)
+                .take(size + 1)
+                .read_to_end(&mut buf)
+                .await
+                .map_err(io_err)?;
+            read = buf.len() as u64;
+            check_size(relative, size, read)?;
+            hasher.update(&buf);
+            self.store
+                .put(&location, PutPayload::from(buf))
+                .await
+                .map_err(|e| self.error(format!("upload {relative}"), e))?;
+        } else {
+            let upload = self
+                .store
+                .put_multipart(&location)
+                .await
+                .map_err(|e| self.error(format!("start multipart upload of {relative}"), e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let mut buf = vec![0u8; PART_SIZE];
+            loop {
+                let n = match file.read(&mut buf).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = writer.abort().await;
+                        return Err(io_err(e));
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                read += n as u64;
+                hasher.update(&buf[..n]);
+                if let Err(e) = writer.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
+                    return Err(self.error(format!("upload {relative}"), e));
+                }
+                writer.write(&buf[..n]);
+            }
+            if let Err(e) = check_size(relative, size, read) {
+                let _ = writer.abort().await;
+                return Err(e);
+            }
+            writer
+                .finish()
+                .await
+                .map_err(|e| self.error(format!("finish upload of {relative}"), e))?;
+        }
+        Ok(hex::encode(hasher.finalize()))
+    }
+
+    /// Stream the object at `relative` into `out`, returning the number of
+    /// bytes and their SHA-256. `shown` names `out` in errors.
+    pub async fn download_to(
+        &self,
+        relative: &str,
+        mut out: tokio::fs::File,
+        shown: &Path,
+    ) -> Result<(u64, String), Error> {
+        let io_err = |source| Error::Io {
+            path: shown.to_path_buf(),
+            operation: "write a restored checkpoint file",
+            source,
+        };
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut stream = self.get_stream(relative).await?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.error(format!("download {relative}"), e))?;
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            out.write_all(&chunk).await.map_err(io_err)?;
+        }
+        out.flush().await.map_err(io_err)?;
+        Ok((size, hex::encode(hasher.finalize())))
+    }
+
+    /// The size and SHA-256 of the object at `relative`, read as a stream.
+    pub async fn digest(&self, relative: &str) -> Result<(u64, String), Error> {
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut stream = self.get_stream(relative).await?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.error(format!("read {relative}"), e))?;
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+        }
+        Ok((size, hex::encode(hasher.finalize())))
+    }
+
+    async fn get_stream(
+        &self,
+        relative: &str,
+    ) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>, Error> {
+        self.store
+            .get(&self.object_path(relative))
+            .await
+            .map(|r| r.into_stream())
+            .map_err(|e| self.error(format!("read {relative}"), e))
+    }
+}
+
+fn check_size(relative: &str, expected: u64, read: u64) -> Result<(), Error> {
+    if read == expected {
+        Ok(())
+    } else {
+        Err(Error::Io {
+            path: relative.into(),
+            operation: "read a checkpoint file",
+            source: std::io::Error::other(format!(
+                "the file changed while it was persisted ({expected} bytes when listed, {read} when read)"
+            )),
+        })
+    }
+}

@@ -1,0 +1,196 @@
+//! A guest whose behaviour is a script in the run's config, so that each
+//! integration test states what the ranks do next to what it checks.
+//!
+//! The config is `{"steps": [STEP, ...]}`; every step may carry
+//! `"ranks": [..]` to run on those ranks only. Strings may contain `{rank}`,
+//! replaced by the rank's index. Relative paths are below the scratch dir.
+//! Steps:
+//! - `{"write": PATH, "text": TEXT}` / `{"write": PATH, "bytes": N, "seed": S}`
+//! - `{"mkdir": PATH}`, `{"remove": PATH}`
+//! - `{"symlink": LINK, "target": TARGET}`
+//! - `{"report": {"name": value, ..}, "checkpoint": PATH}` (checkpoint passed
+//!   as written, without joining the scratch dir, so escapes reach the host
+//!   verbatim); a refused report prints `report refused: ...` and goes on
+//! - `{"print_checkpoint": true}`: prints `checkpoint: PATH` and one line
+//!   `file: NAME SIZE FNV` per file, or `checkpoint: none`
+//! - `{"print_context": true}`: prints rank, sizes, run name and config
+//! - `{"panic": MSG}`, `{"fail": MSG}`, `{"spin": true}` (loops forever)
+//! - `{"print": TEXT}` (stdout), `{"eprint": TEXT}` (stderr)
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use trainhost_guest::{Checkpoint, Metrics};
+
+#[derive(Deserialize)]
+struct Script {
+    #[serde(default)]
+    steps: Vec<Map<String, Value>>,
+}
+
+fn train(script: Script) -> Result<(), String> {
+    let rank = trainhost_guest::world_rank();
+    for step in &script.steps {
+        if let Some(ranks) = step.get("ranks") {
+            let ranks: Vec<u32> =
+                serde_json::from_value(ranks.clone()).map_err(|e| e.to_string())?;
+            if !ranks.contains(&rank) {
+                continue;
+            }
+        }
+        run_step(step, rank)?;
+    }
+    Ok(())
+}
+
+fn text(step: &Map<String, Value>, key: &str, rank: u32) -> Option<String> {
+    step.get(key)
+        .and_then(Value::as_str)
+        .map(|s| s.replace("{rank}", &rank.to_string()))
+}
+
+fn scratch_path(p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        trainhost_guest::scratch_dir().join(p)
+    }
+}
+
+fn run_step(step: &Map<String, Value>, rank: u32) -> Result<(), String> {
+    let io = |e: std::io::Error| e.to_string();
+    if let Some(path) = text(step, "write", rank) {
+        let path = scratch_path(&path);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(io)?;
+        }
+        let data = match (text(step, "text", rank), step.get("bytes")) {
+            (Some(t), _) => t.into_bytes(),
+            (None, Some(n)) => {
+                let n = n.as_u64().ok_or("bytes must be a number")? as usize;
+                let seed = step.get("seed").and_then(Value::as_u64).unwrap_or(1);
+                pseudo_random(n, seed)
+            }
+            (None, None) => return Err("write needs text or bytes".into()),
+        };
+        fs::write(&path, data).map_err(io)?;
+    } else if let Some(path) = text(step, "mkdir", rank) {
+        fs::create_dir_all(scratch_path(&path)).map_err(io)?;
+    } else if let Some(path) = text(step, "remove", rank) {
+        let path = scratch_path(&path);
+        if path.is_dir() {
+            fs::remove_dir_all(path).map_err(io)?;
+        } else {
+            fs::remove_file(path).map_err(io)?;
+        }
+    } else if let Some(link) = text(step, "symlink", rank) {
+        let target = text(step, "target", rank).ok_or("symlink needs target")?;
+        symlink(&target, &link)?;
+    } else if let Some(metrics) = step.get("report") {
+        let metrics = Metrics::from_serialize(metrics).map_err(|e| e.to_string())?;
+        let checkpoint = text(step, "checkpoint", rank).map(Checkpoint::from_directory);
+        match trainhost_guest::report(metrics, checkpoint) {
+            Ok(()) => println!("report ok"),
+            Err(e) => println!("report refused: {e}"),
+        }
+    } else if step.contains_key("print_checkpoint") {
+        print_checkpoint()?;
+    } else if step.contains_key("print_context") {
+        println!(
+            "context: rank={} size={} local_rank={} local_size={} node={} run={} config={}",
+            trainhost_guest::world_rank(),
+            trainhost_guest::world_size(),
+            trainhost_guest::local_rank(),
+            trainhost_guest::local_world_size(),
+            trainhost_guest::node_rank(),
+            trainhost_guest::run_name(),
+            trainhost_guest::config_json(),
+        );
+    } else if let Some(msg) = text(step, "panic", rank) {
+        panic!("{msg}");
+    } else if let Some(msg) = text(step, "fail", rank) {
+        return Err(msg);
+    } else if step.contains_key("spin") {
+        let mut x: u64 = 1;
+        loop {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    } else if let Some(t) = text(step, "print", rank) {
+        println!("{t}");
+    } else if let Some(t) = text(step, "eprint", rank) {
+        eprintln!("{t}");
+    } else {
+        return Err(format!("unknown step {step:?}"));
+    }
+    Ok(())
+}
+
+/// Create a symbolic link at `link` (relative to the scratch dir) through
+/// the WASI filesystem API: std has no stable symlink call for WASI.
+fn symlink(target: &str, link: &str) -> Result<(), String> {
+    let scratch = trainhost_guest::scratch_dir();
+    let scratch = scratch.to_str().ok_or("scratch dir is not UTF-8")?;
+    let (dir, _) = wasip2::filesystem::preopens::get_directories()
+        .into_iter()
+        .find(|(_, name)| name == scratch)
+        .ok_or("the scratch dir is not preopened")?;
+    dir.symlink_at(target, link)
+        .map_err(|e| format!("symlink {link} -> {target}: {e:?}"))
+}
+
+fn print_checkpoint() -> Result<(), String> {
+    let Some(checkpoint) = trainhost_guest::get_checkpoint() else {
+        println!("checkpoint: none");
+        return Ok(());
+    };
+    println!("checkpoint: {}", checkpoint.path().display());
+    let mut files = Vec::new();
+    collect(checkpoint.path(), checkpoint.path(), &mut files)?;
+    files.sort();
+    for (name, data) in files {
+        println!("file: {name} {} {:016x}", data.len(), fnv(&data));
+    }
+    Ok(())
+}
+
+fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> Result<(), String> {
+    for entry in fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let path = entry.path();
+        if path.is_dir() {
+            collect(root, &path, out)?;
+        } else {
+            let name = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            out.push((name, fs::read(&path).map_err(|e| e.to_string())?));
+        }
+    }
+    Ok(())
+}
+
+/// The same generator as the tests use, so they can predict file contents.
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+trainhost_guest::entry!(train);
