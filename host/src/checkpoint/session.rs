@@ -125,8 +125,9 @@ impl Session {
             Ok(Outcome::Refused(r)) => Ok(Err(r)),
             Ok(Outcome::Failed) | Err(Err(Aborted)) => Err(Aborted),
             Err(Ok(violation)) => {
+                // A disagreement between ranks: the message names them all.
                 self.fail(RunFailure {
-                    rank: Some(rank),
+                    rank: None,
                     kind: FailureKind::Protocol,
                     message: violation,
                 });
@@ -139,7 +140,7 @@ impl Session {
     pub fn finish(&self, rank: u32, reports: u64) {
         if let Err(violation) = self.gate.finish(rank as usize, reports) {
             self.fail(RunFailure {
-                rank: Some(rank),
+                rank: None,
                 kind: FailureKind::Protocol,
                 message: violation,
             });

@@ -55,7 +55,7 @@ impl Storage {
             return Ok(Self {
                 store: Arc::new(InMemory::new()),
                 root: ObjectPath::from(prefix),
-                url: location.to_owned(),
+                url: format!("memory:///{prefix}"),
             });
         }
         if let Some(rest) = location.strip_prefix("file://") {
@@ -113,7 +113,11 @@ impl Storage {
     /// The location below this one at `relative` (`/`-separated).
     pub fn child(&self, relative: &str) -> Self {
         let root = self.object_path(relative);
-        let url = format!("{}/{}", self.url.trim_end_matches('/'), relative);
+        let url = if self.url.ends_with('/') {
+            format!("{}{relative}", self.url)
+        } else {
+            format!("{}/{relative}", self.url)
+        };
         Self {
             store: Arc::clone(&self.store),
             root,

@@ -1,0 +1,177 @@
+//! The `trainhost` command, end to end.
+
+use std::process::{Command, Output};
+
+use crate::util::*;
+
+fn trainhost(args: &[&str], cwd: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trainhost"))
+        .args(args)
+        .current_dir(cwd)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn run_the_example_then_list_its_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = trainhost(
+        &[
+            "run",
+            LINEAR_REGRESSION,
+            "--workers",
+            "2",
+            "--config",
+            r#"{"num_epochs": 3}"#,
+            "--name",
+            "demo",
+            "--result-json",
+            "result.json",
+        ],
+        tmp.path(),
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("[rank 0] epoch 0: loss"), "{stdout}");
+    assert!(
+        stderr.contains("3 reports, 3 checkpoints retained"),
+        "{stderr}"
+    );
+    // Default storage is ./trainhost_results.
+    let run_dir = tmp.path().join("trainhost_results/demo");
+    assert_eq!(
+        checkpoint_dirs(&run_dir),
+        [
+            "checkpoint_000000",
+            "checkpoint_000001",
+            "checkpoint_000002"
+        ]
+    );
+
+    let result: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("result.json")).unwrap()).unwrap();
+    assert_eq!(result["run_name"], "demo");
+    assert_eq!(result["checkpoint"]["index"], 2);
+    assert_eq!(result["metrics_history"].as_array().unwrap().len(), 3);
+    assert!(result["error"].is_null());
+
+    let out = trainhost(&["checkpoints", "demo"], tmp.path());
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<&str> = stdout.lines().collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    assert!(
+        rows[1].starts_with("checkpoint_000000") && rows[1].contains("epoch=0 loss="),
+        "{stdout}"
+    );
+
+    let out = trainhost(
+        &["checkpoints", "trainhost_results/demo", "--json"],
+        tmp.path(),
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 3);
+    assert_eq!(list[2]["metrics"]["epoch"], 2);
+}
+
+#[test]
+fn a_failed_run_exits_non_zero_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = r#"{"steps": [{"panic": "deliberate"}]}"#;
+    let out = trainhost(
+        &["run", TEST_GUEST, "--config", config, "--name", "f"],
+        tmp.path(),
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("error: the run failed: rank 0 trapped"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("deliberate"), "{stderr}");
+}
+
+#[test]
+fn bad_input_gets_one_clear_error_each() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("cfg.json"), "{not json").unwrap();
+    std::fs::write(tmp.path().join("text.wasm"), "hello").unwrap();
+    std::fs::write(tmp.path().join("module.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["run", TEST_GUEST, "--config", "{nope"],
+            "--config is not valid JSON",
+        ),
+        (
+            &["run", TEST_GUEST, "--config", "@cfg.json"],
+            "--config file cfg.json is not valid JSON",
+        ),
+        (
+            &["run", TEST_GUEST, "--config", "@missing.json"],
+            "cannot read --config file missing.json",
+        ),
+        (
+            &["run", "missing.wasm"],
+            "guest missing.wasm: cannot be read",
+        ),
+        (&["run", "text.wasm"], "is not WebAssembly"),
+        (
+            &["run", "module.wasm"],
+            "is a core WebAssembly module, not a component",
+        ),
+        (&["run", TEST_GUEST, "--workers", "0"], "num_workers is 0"),
+        (&["run", TEST_GUEST, "--name", "a/b"], "run name \"a/b\""),
+        (
+            &["run", TEST_GUEST, "--storage", "nosuch://bucket"],
+            "storage URL \"nosuch://bucket\" is not supported",
+        ),
+        (
+            &["run", TEST_GUEST, "--resume-from", "nowhere"],
+            "is not a committed checkpoint",
+        ),
+        (
+            &["run", TEST_GUEST, "--report-timeout", "soon"],
+            "invalid value 'soon'",
+        ),
+        (&["checkpoints", "nothing-here"], "holds no trainhost run"),
+    ];
+    for (args, expected) in cases {
+        let out = trainhost(args, tmp.path());
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected {expected:?} in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = trainhost(&["run", "--help"], tmp.path());
+    let (stdout, _) = text(&out);
+    for flag in [
+        "--workers",
+        "--config",
+        "--storage",
+        "--name",
+        "--resume-from",
+        "--result-json",
+        "--report-timeout",
+    ] {
+        assert!(stdout.contains(flag), "{flag} missing from:\n{stdout}");
+    }
+    assert!(stdout.contains("@FILE"), "{stdout}");
+    let out = trainhost(&["checkpoints", "--help"], tmp.path());
+    assert!(text(&out).0.contains("--json"));
+}

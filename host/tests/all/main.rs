@@ -1,0 +1,10 @@
+//! trainhost's integration tests: real guests compiled from source
+//! (`tests/guests`, `examples/linear-regression`), real storage, real traps.
+
+mod cli;
+mod escape;
+mod example;
+mod protocol;
+mod report;
+mod restore;
+mod util;

@@ -1,0 +1,161 @@
+//! Running the scripted test guest and looking at what it left.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use trainhost::{
+    OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer, TrainerBuilder,
+};
+
+pub use trainhost_test_artifacts::{LINEAR_REGRESSION, TEST_GUEST};
+
+/// Collects every line the ranks print.
+#[derive(Default)]
+pub struct Lines(pub Mutex<Vec<(u32, Stream, String)>>);
+
+impl OutputSink for Lines {
+    fn line(&self, rank: u32, stream: Stream, line: &str) {
+        self.0.lock().unwrap().push((rank, stream, line.to_owned()));
+    }
+}
+
+/// A finished run of the test guest, with its storage and output. Prints
+/// the output if the test fails while it is alive.
+pub struct Run {
+    pub result: TrainResult,
+    pub lines: Arc<Lines>,
+    pub storage: tempfile::TempDir,
+}
+
+impl Run {
+    /// The run's directory in storage.
+    pub fn dir(&self) -> PathBuf {
+        PathBuf::from(&self.result.path)
+    }
+
+    /// Lines printed by `rank` on stdout.
+    pub fn stdout(&self, rank: u32) -> Vec<String> {
+        self.lines
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(r, s, _)| *r == rank && *s == Stream::Stdout)
+            .map(|(_, _, l)| l.clone())
+            .collect()
+    }
+
+    /// The run's error, as text; panics if the run succeeded.
+    pub fn error(&self) -> String {
+        self.result
+            .error
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_else(|| panic!("the run succeeded"))
+    }
+
+    /// Panics with the run's error if it failed.
+    pub fn assert_ok(&self) {
+        if let Some(e) = &self.result.error {
+            panic!("the run failed: {e}");
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- guest output ---");
+            for (rank, stream, line) in self.lines.0.lock().unwrap().iter() {
+                eprintln!("[rank {rank} {stream:?}] {line}");
+            }
+        }
+    }
+}
+
+/// A trainer for the scripted guest with `workers` ranks running `steps`,
+/// storing in a fresh temporary directory under the run name "t".
+pub fn scripted(workers: u32, steps: Value) -> (TrainerBuilder, tempfile::TempDir, Arc<Lines>) {
+    let storage = tempfile::tempdir().unwrap();
+    let lines = Arc::new(Lines::default());
+    let builder = Trainer::builder(TEST_GUEST)
+        .train_loop_config(json!({ "steps": steps }))
+        .scaling_config(ScalingConfig {
+            num_workers: workers,
+        })
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: storage.path().display().to_string(),
+            report_timeout: Duration::from_secs(60),
+        })
+        .output(lines.clone());
+    (builder, storage, lines)
+}
+
+/// Run `steps` on `workers` ranks of the scripted guest.
+pub fn run(workers: u32, steps: Value) -> Run {
+    let (builder, storage, lines) = scripted(workers, steps);
+    finish(builder, storage, lines)
+}
+
+pub fn finish(builder: TrainerBuilder, storage: tempfile::TempDir, lines: Arc<Lines>) -> Run {
+    let result = builder.build().unwrap().fit().unwrap();
+    Run {
+        result,
+        lines,
+        storage,
+    }
+}
+
+/// The files below `dir`, as sorted `/`-separated relative paths, leaving
+/// out trainhost's own `.trainhost` directory.
+pub fn files(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if rel == ".trainhost" {
+                continue;
+            }
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// The bytes the guest's `{"write": .., "bytes": n, "seed": s}` step writes.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// The names of the checkpoint directories in a run directory.
+pub fn checkpoint_dirs(run_dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(run_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("checkpoint_"))
+        .collect();
+    out.sort();
+    out
+}
