@@ -98,7 +98,9 @@ pub fn run_name() -> String {
 }
 
 /// This rank's private read-write scratch directory. Write checkpoints here
-/// before reporting them. The host removes it when the rank ends.
+/// before reporting them. It is the working directory when the entry
+/// function starts, so relative paths land here. The host removes it when
+/// the run ends.
 pub fn scratch_dir() -> PathBuf {
     PathBuf::from(context::scratch_dir())
 }
@@ -259,6 +261,9 @@ where
     E: fmt::Display,
     F: FnOnce(C) -> Result<(), E>,
 {
+    // The host resolves relative checkpoint paths against the scratch
+    // directory; make the guest's own relative paths agree.
+    let _ = std::env::set_current_dir(scratch_dir());
     let config: C = config().map_err(|e| e.to_string())?;
     train(config).map_err(|e| format!("{e:#}"))
 }

@@ -93,3 +93,16 @@ pub enum Error {
     )]
     InsideAsyncRuntime,
 }
+
+/// `e` and its sources, `: `-separated, for messages that cross into a
+/// guest or a [`crate::RunFailure`], where the source chain would be lost.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}

@@ -34,6 +34,8 @@ pub enum FailureKind {
     Storage,
     /// The checkpoint to resume from could not be restored.
     Restore,
+    /// The host itself failed (a bug in trainhost).
+    Host,
 }
 
 impl fmt::Display for RunFailure {
@@ -45,6 +47,7 @@ impl fmt::Display for RunFailure {
             FailureKind::Protocol => "broke the report protocol",
             FailureKind::Storage => "could not persist a report",
             FailureKind::Restore => "could not restore a checkpoint",
+            FailureKind::Host => "hit a host error",
         };
         match self.rank {
             Some(rank) => write!(f, "rank {rank} {what}: {}", self.message),

@@ -368,9 +368,21 @@ impl Trainer {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| match h {
-                    Ok(h) => h.join().unwrap_or_else(|_| RankOutcome::Stopped),
-                    Err(_) => RankOutcome::Stopped,
+                .enumerate()
+                .map(|(rank, h)| {
+                    let joined = h
+                        .map_err(|e| e.to_string())
+                        .and_then(|h| h.join().map_err(|p| panic_message(p.as_ref())));
+                    joined.unwrap_or_else(|message| {
+                        // A bug in the host, not the guest's doing; the run
+                        // fails saying so instead of hanging or vanishing.
+                        session.fail(crate::RunFailure {
+                            rank: Some(rank as u32),
+                            kind: crate::FailureKind::Host,
+                            message,
+                        });
+                        RankOutcome::Failed
+                    })
                 })
                 .collect()
         });
@@ -382,6 +394,15 @@ impl Trainer {
         drop(work);
         Ok(result)
     }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("the host's thread for this rank panicked: {text}")
 }
 
 /// `<guest stem>_<UTC start time>`, like Ray's `TorchTrainer_2026-11-21_10-14-00`.

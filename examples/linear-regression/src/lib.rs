@@ -178,6 +178,10 @@ impl State {
         }
         self.step += 1;
         let t = self.step as i32;
+        #[expect(
+            clippy::needless_range_loop,
+            reason = "Adam updates four parallel arrays; indexing reads like the algorithm"
+        )]
         for i in 0..PARAMS {
             self.exp_avg[i] = BETA1 * self.exp_avg[i] + (1.0 - BETA1) * grad[i];
             self.exp_avg_sq[i] = BETA2 * self.exp_avg_sq[i] + (1.0 - BETA2) * grad[i] * grad[i];

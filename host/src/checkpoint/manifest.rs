@@ -64,7 +64,7 @@ pub struct FileEntry {
 /// metrics it was reported with, and where it came from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Format version ([`FORMAT`]).
+    /// Format version (1).
     pub format: u32,
     /// The run's name.
     pub run_name: String,

@@ -291,6 +291,10 @@ pub(crate) fn block_on<T>(fut: impl Future<Output = Result<T, Error>>) -> Result
         .block_on(fut)
 }
 
+/// One checkpoint's local copy: its guest path once downloaded, or why the
+/// download failed. Filled once, by the first rank that asks.
+type Restored = OnceCell<Result<String, String>>;
+
 /// Local copies of checkpoints for the ranks of one host: each is
 /// downloaded and verified once, then shared read-only by every local rank
 /// (R22).
@@ -298,7 +302,7 @@ pub(crate) fn block_on<T>(fut: impl Future<Output = Result<T, Error>>) -> Result
 pub(crate) struct RestoreCache {
     host_root: PathBuf,
     guest_root: String,
-    entries: Mutex<HashMap<String, Arc<OnceCell<Result<String, String>>>>>,
+    entries: Mutex<HashMap<String, Arc<Restored>>>,
 }
 
 impl RestoreCache {
@@ -322,7 +326,7 @@ impl RestoreCache {
         cell.get_or_init(|| async {
             match self.download(key, checkpoint).await {
                 Ok(()) => Ok(format!("{}/{key}", self.guest_root)),
-                Err(e) => Err(error_chain(&e)),
+                Err(e) => Err(crate::error::chain(&e)),
             }
         })
         .await
@@ -350,41 +354,6 @@ impl RestoreCache {
         tracing::info!(checkpoint = %checkpoint.location(), "restored checkpoint");
         Ok(())
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_relative_path;
-
-    #[test]
-    fn manifest_paths_must_stay_inside() {
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../../x",
-            "a//b",
-            "./a",
-            "a/\0",
-        ] {
-            assert!(check_relative_path(bad).is_err(), "{bad:?}");
-        }
-        for good in ["a", "a/b.bin", "model-rank=1.safetensors", "..hidden"] {
-            assert!(check_relative_path(good).is_ok(), "{good:?}");
-        }
-    }
-}
-
-/// `e` and its sources, `: `-separated.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 /// The committed checkpoints of the run stored at `run_location` (a
@@ -424,4 +393,27 @@ pub fn committed_checkpoints(run_location: &str) -> Result<Vec<Checkpoint>, Erro
         }
         Ok(out)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_relative_path;
+
+    #[test]
+    fn manifest_paths_must_stay_inside() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a/\0",
+        ] {
+            assert!(check_relative_path(bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "a/b.bin", "model-rank=1.safetensors", "..hidden"] {
+            assert!(check_relative_path(good).is_ok(), "{good:?}");
+        }
+    }
 }

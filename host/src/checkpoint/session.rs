@@ -114,7 +114,7 @@ impl Session {
                     self.fail(RunFailure {
                         rank: None,
                         kind: FailureKind::Storage,
-                        message: super::restore::error_chain(&e),
+                        message: crate::error::chain(&e),
                     });
                     Outcome::Failed
                 }
@@ -155,7 +155,7 @@ impl Session {
                 let name = latest.dir_name();
                 let checkpoint = Checkpoint::load(self.ledger.storage().child(&name))
                     .await
-                    .map_err(|e| super::restore::error_chain(&e))?;
+                    .map_err(|e| crate::error::chain(&e))?;
                 return self.restore.materialize(&name, &checkpoint).await.map(Some);
             }
             match &self.resume_from {

@@ -178,11 +178,11 @@ pub(crate) fn run_rank(
     let stderr = RankStream::new(rank, Stream::Stderr, Arc::clone(&shared.output));
     let outcome = match build_state(info, shared, &dirs, Arc::clone(&session), &stdout, &stderr) {
         Ok(state) => call_train(guest, state),
-        Err(message) => Err(RunFailure {
+        Err(message) => Err(Ended::Failed(RunFailure {
             rank: Some(rank),
             kind: FailureKind::Trap,
             message,
-        }),
+        })),
     };
     stdout.finish();
     stderr.finish();
@@ -191,12 +191,8 @@ pub(crate) fn run_rank(
             session.finish(rank, reports);
             RankOutcome::Finished
         }
-        Err(_)
-            if session.is_aborted() && session.failure().is_some_and(|f| f.rank != Some(rank)) =>
-        {
-            RankOutcome::Stopped
-        }
-        Err(mut failure) => {
+        Err(Ended::Stopped) => RankOutcome::Stopped,
+        Err(Ended::Failed(mut failure)) => {
             let tail = stderr.tail();
             if failure.kind == FailureKind::Trap && !tail.is_empty() {
                 failure.message = format!(
@@ -209,6 +205,14 @@ pub(crate) fn run_rank(
             RankOutcome::Failed
         }
     }
+}
+
+/// Why `train` did not return `Ok`.
+enum Ended {
+    /// The host stopped the rank because the run failed elsewhere.
+    Stopped,
+    /// The rank itself failed.
+    Failed(RunFailure),
 }
 
 fn build_state(
@@ -249,12 +253,14 @@ fn build_state(
 }
 
 /// Instantiate and call `train`; `Ok(reports)` when it returned `Ok`.
-fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, RunFailure> {
+fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
     let rank = state.info.world_rank;
-    let fail = |kind, message| RunFailure {
-        rank: Some(rank),
-        kind,
-        message,
+    let fail = |kind, message| {
+        Ended::Failed(RunFailure {
+            rank: Some(rank),
+            kind,
+            message,
+        })
     };
     let mut store = Store::new(guest.engine(), state);
     // Checked on every epoch tick: a rank computing while another failed is
@@ -274,15 +280,16 @@ fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, RunFailur
     match result {
         Ok(Ok(())) => Ok(store.data().reports),
         Ok(Err(message)) => Err(fail(FailureKind::GuestError, message)),
-        Err(e) => {
-            if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
-                return if exit.0 == 0 {
-                    Ok(store.data().reports)
-                } else {
-                    Err(fail(FailureKind::Exit, format!("exit status {}", exit.0)))
-                };
-            }
-            Err(fail(FailureKind::Trap, format!("{e:?}")))
+        // Both are the host's doing: only an aborting run interrupts a
+        // rank, or stops it in an import.
+        Err(e) if e.downcast_ref::<StoppedByHost>().is_some() => Err(Ended::Stopped),
+        Err(e) if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) => {
+            Err(Ended::Stopped)
         }
+        Err(e) => match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+            Some(exit) if exit.0 == 0 => Ok(store.data().reports),
+            Some(exit) => Err(fail(FailureKind::Exit, format!("exit status {}", exit.0))),
+            None => Err(fail(FailureKind::Trap, format!("{e:?}"))),
+        },
     }
 }

@@ -25,7 +25,13 @@ fn a_rank_reporting_more_often_fails_the_run_naming_both_ranks() {
         msg.contains("rank 0 returned from train after 1 reports"),
         "{msg}"
     );
-    assert!(msg.contains("ranks [1] wait in their 2nd report"), "{msg}");
+    // Which of the two notices first depends on timing; either way both
+    // ranks are named.
+    assert!(
+        msg.contains("ranks [1] wait in their 2nd report")
+            || msg.contains("rank 1 called report a 2nd time"),
+        "{msg}"
+    );
     assert!(msg.starts_with("report protocol violation"), "{msg}");
     // Detected when rank 0 returns, not after the 60 s report timeout.
     assert!(

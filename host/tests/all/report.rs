@@ -362,3 +362,22 @@ fn memory_storage_works_for_embedders() {
     let dir = c.as_directory().unwrap();
     assert_eq!(std::fs::read(dir.path().join("a")).unwrap(), b"in memory");
 }
+
+#[test]
+fn relative_paths_mean_the_same_directory_to_the_guest_and_the_host() {
+    let run = run(
+        1,
+        json!([
+            {"write_cwd": "rel/ckpt/state", "text": "written relative"},
+            {"report": {}, "checkpoint": "rel/ckpt"},
+            {"report": {}, "checkpoint": "/scratch/rel/ckpt"},
+        ]),
+    );
+    run.assert_ok();
+    for dir in ["checkpoint_000000", "checkpoint_000001"] {
+        assert_eq!(
+            std::fs::read(run.dir().join(dir).join("state")).unwrap(),
+            b"written relative"
+        );
+    }
+}

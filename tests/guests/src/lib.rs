@@ -6,6 +6,8 @@
 //! replaced by the rank's index. Relative paths are below the scratch dir.
 //! Steps:
 //! - `{"write": PATH, "text": TEXT}` / `{"write": PATH, "bytes": N, "seed": S}`
+//! - `{"write_cwd": PATH, "text": TEXT}`: PATH as given, relative to the
+//!   working directory
 //! - `{"mkdir": PATH}`, `{"remove": PATH}`
 //! - `{"symlink": LINK, "target": TARGET}`; a refused link prints
 //!   `symlink refused: ...` and goes on
@@ -78,6 +80,13 @@ fn run_step(step: &Map<String, Value>, rank: u32) -> Result<(), String> {
             (None, None) => return Err("write needs text or bytes".into()),
         };
         fs::write(&path, data).map_err(io)?;
+    } else if let Some(path) = text(step, "write_cwd", rank) {
+        // Relative to the working directory, without joining anything.
+        let text = text(step, "text", rank).unwrap_or_default();
+        if let Some(parent) = Path::new(&path).parent() {
+            fs::create_dir_all(parent).map_err(io)?;
+        }
+        fs::write(&path, text).map_err(io)?;
     } else if let Some(path) = text(step, "mkdir", rank) {
         fs::create_dir_all(scratch_path(&path)).map_err(io)?;
     } else if let Some(path) = text(step, "remove", rank) {
