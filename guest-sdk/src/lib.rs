@@ -154,6 +154,34 @@ pub fn get_checkpoint() -> Option<Checkpoint> {
     session::get_checkpoint().map(Checkpoint::from_directory)
 }
 
+/// Whether the host asked the run to stop early (preemption, or the user
+/// interrupted it).
+///
+/// It turns true on every rank right after the same [`report`] returns, so
+/// checking it after each report keeps the ranks in step: save a final
+/// checkpoint, report it, and return from the entry function. The run can
+/// then be resumed under the same name. Ranks that ignore it are stopped
+/// after the host's grace period.
+///
+/// ```no_run
+/// # fn save() -> std::path::PathBuf { unimplemented!() }
+/// for step in 0.. {
+///     trainhost_guest::report(trainhost_guest::Metrics::new().with("step", step), None)?;
+///     if trainhost_guest::preemption_requested() {
+///         let dir = save();
+///         trainhost_guest::report(
+///             trainhost_guest::Metrics::new().with("step", step),
+///             Some(trainhost_guest::Checkpoint::from_directory(dir)),
+///         )?;
+///         break;
+///     }
+/// }
+/// # Ok::<(), trainhost_guest::Error>(())
+/// ```
+pub fn preemption_requested() -> bool {
+    session::preemption_requested()
+}
+
 /// Report metrics and optionally a checkpoint.
 ///
 /// Every rank must call `report` the same number of times: the call returns

@@ -41,6 +41,7 @@
 mod checkpoint;
 mod error;
 mod metrics;
+mod preemption;
 mod result;
 mod runtime;
 mod storage;
@@ -52,9 +53,10 @@ pub use checkpoint::{
 };
 pub use error::Error;
 pub use metrics::{MetricValue, Metrics};
+pub use preemption::Preemption;
 pub use result::{FailureKind, RunFailure, TrainResult};
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
 pub use trainer::{
-    DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE, GuestSource, RunConfig, ScalingConfig, Trainer,
-    TrainerBuilder,
+    CheckpointConfig, DEFAULT_PREEMPTION_GRACE, DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE,
+    FailureConfig, GuestSource, RunConfig, ScalingConfig, ScoreOrder, Trainer, TrainerBuilder,
 };

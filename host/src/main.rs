@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use trainhost::{RunConfig, ScalingConfig, Trainer};
+use trainhost::{CheckpointConfig, FailureConfig, Preemption, RunConfig, ScalingConfig, Trainer};
 
 /// Run training loops compiled to WebAssembly components as sandboxed
 /// ranks, with checkpoints persisted, verified and restored by the host.
@@ -26,7 +26,8 @@ enum Command {
     /// checkpoints are committed to <STORAGE>/<NAME>/checkpoint_NNNNNN.
     /// Running again with the same --storage and --name continues the run.
     Run(RunArgs),
-    /// List a run's committed checkpoints with their metrics.
+    /// List a run's retained checkpoints, best first, with their metrics;
+    /// the latest is marked with `*`.
     Checkpoints(CheckpointsArgs),
 }
 
@@ -69,6 +70,53 @@ struct RunArgs {
     /// naming the missing ranks, e.g. 90s, 30m, 2h.
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     report_timeout: Duration,
+
+    /// Keep only the N best checkpoints (by --score-attribute, else the
+    /// most recent). The latest is always kept too. Default: keep all.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = parse_num_to_keep,
+        allow_negative_numbers = true,
+        help_heading = "Retention"
+    )]
+    num_to_keep: Option<usize>,
+
+    /// The metric that ranks checkpoints for --num-to-keep. Tune's
+    /// shorthand max-METRIC / min-METRIC also sets the order.
+    #[arg(long, value_name = "METRIC", help_heading = "Retention")]
+    score_attribute: Option<String>,
+
+    /// Whether a higher (max, the default) or lower (min) score is better.
+    #[arg(long, value_name = "max|min", help_heading = "Retention")]
+    score_order: Option<trainhost::ScoreOrder>,
+
+    /// Also keep every N-th checkpoint permanently, whatever its score.
+    #[arg(long, value_name = "N", help_heading = "Retention")]
+    keep_every: Option<u64>,
+
+    /// Failures to survive by restarting every rank from the latest
+    /// committed checkpoint: 0 fails at the first, -1 never gives up.
+    /// Counted over the run's life, resumed runs included.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        help_heading = "Failures"
+    )]
+    max_failures: i64,
+
+    /// On SIGTERM or Ctrl-C, how long ranks have to report a final
+    /// checkpoint before they are stopped (a second signal stops them at
+    /// once). The run then exits with status 75 and can be resumed.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, help_heading = "Failures")]
+    grace_period: Duration,
+
+    /// If a run of this name exists, delete it and start over instead of
+    /// continuing it.
+    #[arg(long)]
+    fresh: bool,
 }
 
 #[derive(Args, Debug)]
@@ -83,6 +131,16 @@ struct CheckpointsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+fn parse_num_to_keep(s: &str) -> Result<usize, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(n as usize),
+        Ok(n) => Err(format!(
+            "must be at least 1, got {n}; leave it out to keep every checkpoint"
+        )),
+        Err(e) => Err(format!("{e}")),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -138,12 +196,25 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .run_config(RunConfig {
             name: args.name,
             storage_path: args.storage,
+            checkpoint_config: CheckpointConfig {
+                num_to_keep: args.num_to_keep,
+                checkpoint_score_attribute: args.score_attribute,
+                checkpoint_score_order: args.score_order,
+                keep_every: args.keep_every,
+            },
+            failure_config: FailureConfig {
+                max_failures: args.max_failures,
+            },
             report_timeout: args.report_timeout,
+            preemption_grace: args.grace_period,
+            fresh: args.fresh,
         });
     if let Some(location) = args.resume_from {
         builder = builder.resume_from_checkpoint(location);
     }
-    let result = builder.build()?.fit()?;
+    let preemption = Preemption::new();
+    forward_signals(preemption.clone())?;
+    let result = builder.preemption(preemption).build()?.fit()?;
     if let Some(path) = &args.result_json {
         let json = serde_json::to_vec_pretty(&result.to_json())?;
         std::fs::write(path, json)
@@ -162,13 +233,52 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &result.checkpoint {
         eprintln!("  latest checkpoint: {}", c.location());
     }
+    if result.failures > 0 {
+        eprintln!("  failures: {}", result.failures);
+        for f in &result.failure_history {
+            eprintln!("    {}", f.to_string().lines().next().unwrap_or_default());
+        }
+    }
     match &result.error {
-        None => Ok(ExitCode::SUCCESS),
         Some(e) => {
             eprintln!("error: the run failed: {e}");
             Ok(ExitCode::from(1))
         }
+        None if result.preempted => {
+            eprintln!(
+                "stopped early on request; resume with: trainhost run ... --name {}",
+                result.run_name
+            );
+            Ok(ExitCode::from(EXIT_RESUMABLE))
+        }
+        None => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// Exit status of a run stopped early that can be resumed (EX_TEMPFAIL).
+const EXIT_RESUMABLE: u8 = 75;
+
+/// The first SIGTERM or SIGINT asks the run to checkpoint and stop; the
+/// second stops it at once.
+fn forward_signals(preemption: Preemption) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .context("cannot install the SIGTERM/SIGINT handlers")?;
+    std::thread::Builder::new()
+        .name("trainhost-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if preemption.is_requested() {
+                    eprintln!("second signal ({signal}): stopping the ranks now");
+                    preemption.force();
+                } else {
+                    eprintln!("signal {signal}: asking the ranks to checkpoint and stop");
+                    preemption.request();
+                }
+            }
+        })
+        .context("cannot start the signal thread")?;
+    Ok(())
 }
 
 fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
@@ -178,12 +288,14 @@ fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
         format!("{}/{}", args.storage.trim_end_matches('/'), args.run)
     };
     let list = trainhost::committed_checkpoints(&location)?;
+    let latest = list.iter().map(trainhost::Checkpoint::index).max();
     if args.json {
         let json: Vec<_> = list
             .iter()
             .map(|c| {
                 serde_json::json!({
                     "index": c.index(),
+                    "latest": Some(c.index()) == latest,
                     "path": c.location(),
                     "metrics": c.metrics(),
                     "files": c.manifest().files.len(),
@@ -199,14 +311,16 @@ fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
         println!("{location}: no committed checkpoints");
         return Ok(ExitCode::SUCCESS);
     }
+    println!("best first; * marks the latest");
     println!(
-        "{:<18} {:>6} {:>12}  {:<20}  metrics",
+        "  {:<18} {:>6} {:>12}  {:<20}  metrics",
         "checkpoint", "files", "bytes", "committed"
     );
     for c in &list {
         let name = c.location().rsplit('/').next().unwrap_or_default();
+        let mark = if Some(c.index()) == latest { '*' } else { ' ' };
         println!(
-            "{:<18} {:>6} {:>12}  {:<20}  {}",
+            "{mark} {:<18} {:>6} {:>12}  {:<20}  {}",
             name,
             c.manifest().files.len(),
             c.manifest().total_bytes(),

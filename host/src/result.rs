@@ -8,7 +8,13 @@ use crate::Metrics;
 use crate::checkpoint::{Checkpoint, ReportRecord};
 
 /// Why a run failed after it started.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// ```
+/// use trainhost::{FailureKind, RunFailure};
+/// let f = RunFailure { rank: Some(1), kind: FailureKind::GuestError, message: "diverged".into() };
+/// assert_eq!(f.to_string(), "rank 1 returned an error: diverged");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RunFailure {
     /// The rank that failed first, when one rank is to blame.
     pub rank: Option<u32>,
@@ -19,7 +25,8 @@ pub struct RunFailure {
 }
 
 /// The kinds of [`RunFailure`] (SEMANTICS R19).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum FailureKind {
     /// The guest trapped: a panic, `unreachable`, an out-of-bounds access.
@@ -71,17 +78,23 @@ pub struct TrainResult {
     pub path: String,
     /// The latest committed checkpoint.
     pub checkpoint: Option<Checkpoint>,
-    /// The retained checkpoints, best first, with their metrics. Without a
-    /// score attribute, newest first.
+    /// The retained checkpoints, best first (by the score attribute, ties
+    /// and unscored runs newest first), with their metrics.
     pub best_checkpoints: Vec<(Checkpoint, Metrics)>,
     /// The last reported metrics (rank 0's).
     pub metrics: Option<Metrics>,
     /// Every report of the run, oldest first, across resumed runs.
     pub metrics_history: Vec<ReportRecord>,
-    /// How many times the run failed.
+    /// How many times the run failed, restarts included, across resumed
+    /// runs.
     pub failures: u32,
-    /// Why the run failed, if it did.
+    /// Every failure of the run, oldest first.
+    pub failure_history: Vec<RunFailure>,
+    /// Why the run failed, if it did (after using up its restarts).
     pub error: Option<RunFailure>,
+    /// Whether the run stopped early on request (preemption); run it again
+    /// under the same name to resume.
+    pub preempted: bool,
 }
 
 impl TrainResult {
@@ -105,6 +118,8 @@ impl TrainResult {
             "metrics": self.metrics,
             "metrics_history": self.metrics_history,
             "failures": self.failures,
+            "failure_history": self.failure_history.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "preempted": self.preempted,
             "error": self.error.as_ref().map(|e| json!({
                 "rank": e.rank,
                 "kind": format!("{:?}", e.kind),

@@ -8,18 +8,24 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::checkpoint::{Checkpoint, Ledger, RestoreCache, Session};
+pub use crate::checkpoint::ScoreOrder;
+use crate::checkpoint::{Checkpoint, Ledger, LedgerOptions, RestoreCache, Retention, Session};
+use crate::preemption::Preemption;
 use crate::result::TrainResult;
 use crate::runtime::output::{OutputSink, TerminalOutput};
 use crate::runtime::{
-    GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankOutcome, RankShared, run_rank,
+    GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
 };
 use crate::storage::Storage;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The storage used when none is given, as in Ray's `~/ray_results`.
 pub const DEFAULT_STORAGE: &str = "./trainhost_results";
 /// How long ranks wait for each other in `report` by default.
 pub const DEFAULT_REPORT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How long ranks have to checkpoint after preemption is requested, by
+/// default.
+pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::from_secs(30);
 
 /// The guest component to run.
 #[derive(Debug, Clone)]
@@ -87,6 +93,110 @@ impl Default for ScalingConfig {
     }
 }
 
+/// Which checkpoints to keep (Ray's `CheckpointConfig`).
+///
+/// ```
+/// use trainhost::{CheckpointConfig, ScoreOrder};
+/// // Keep the 3 checkpoints with the lowest loss (plus always the latest),
+/// // and every 10th whatever its loss.
+/// let keep = CheckpointConfig {
+///     num_to_keep: Some(3),
+///     checkpoint_score_attribute: Some("loss".into()),
+///     checkpoint_score_order: Some(ScoreOrder::Min),
+///     keep_every: Some(10),
+/// };
+/// // Tune's shorthand says the same about the order:
+/// let same = CheckpointConfig {
+///     num_to_keep: Some(3),
+///     checkpoint_score_attribute: Some("min-loss".into()),
+///     ..CheckpointConfig::default()
+/// };
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// How many of the best checkpoints to keep; `None` (default) keeps
+    /// all. The latest checkpoint is kept in addition, so storage may hold
+    /// one more.
+    pub num_to_keep: Option<usize>,
+    /// The metric that ranks checkpoints; `None` ranks by recency. Tune's
+    /// shorthand `max-<metric>` / `min-<metric>` sets the order too.
+    pub checkpoint_score_attribute: Option<String>,
+    /// Whether a higher or lower score is better (default `Max`, as in
+    /// Ray).
+    pub checkpoint_score_order: Option<ScoreOrder>,
+    /// Keep every N-th checkpoint (index divisible by N) whatever its score.
+    pub keep_every: Option<u64>,
+}
+
+impl CheckpointConfig {
+    pub(crate) fn retention(&self) -> Result<Retention, Error> {
+        if self.num_to_keep == Some(0) {
+            return Err(Error::InvalidConfig(
+                "num_to_keep is 0; keep at least 1 checkpoint, or leave it unset to keep all"
+                    .into(),
+            ));
+        }
+        if self.keep_every == Some(0) {
+            return Err(Error::InvalidConfig(
+                "keep_every is 0; give N >= 1 to keep every N-th checkpoint".into(),
+            ));
+        }
+        let score = match &self.checkpoint_score_attribute {
+            None => None,
+            Some(attr) => {
+                let (attr, implied) = match attr.split_once('-') {
+                    Some(("max", rest)) if !rest.is_empty() => (rest, Some(ScoreOrder::Max)),
+                    Some(("min", rest)) if !rest.is_empty() => (rest, Some(ScoreOrder::Min)),
+                    _ => (attr.as_str(), None),
+                };
+                if attr.is_empty() {
+                    return Err(Error::InvalidConfig(
+                        "checkpoint_score_attribute is empty".into(),
+                    ));
+                }
+                let order = match (implied, self.checkpoint_score_order) {
+                    (Some(a), Some(b)) if a != b => {
+                        return Err(Error::InvalidConfig(format!(
+                            "checkpoint_score_attribute {:?} implies order {a:?} but checkpoint_score_order is {b:?}; drop one",
+                            self.checkpoint_score_attribute
+                                .as_deref()
+                                .unwrap_or_default()
+                        )));
+                    }
+                    (Some(o), _) | (None, Some(o)) => o,
+                    (None, None) => ScoreOrder::Max,
+                };
+                Some((attr.to_owned(), order))
+            }
+        };
+        Ok(Retention {
+            num_to_keep: self.num_to_keep,
+            score,
+            keep_every: self.keep_every,
+        })
+    }
+}
+
+impl std::str::FromStr for ScoreOrder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "max" => Ok(ScoreOrder::Max),
+            "min" => Ok(ScoreOrder::Min),
+            other => Err(format!("score order must be max or min, not {other:?}")),
+        }
+    }
+}
+
+/// How many failures a run survives (Ray's `FailureConfig`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureConfig {
+    /// 0 (default): the first failure fails the run. N: restart all ranks
+    /// from the latest committed checkpoint up to N times over the run's
+    /// life (resumed runs included). -1: restart without limit.
+    pub max_failures: i64,
+}
+
 /// Where and under which name the run is recorded (Ray's `RunConfig`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
@@ -97,9 +207,19 @@ pub struct RunConfig {
     /// Where runs are stored: a directory (default
     /// [`DEFAULT_STORAGE`]), `file://`, `memory://`, or an object store URL.
     pub storage_path: String,
+    /// Which checkpoints to keep.
+    pub checkpoint_config: CheckpointConfig,
+    /// How many failures to survive.
+    pub failure_config: FailureConfig,
     /// How long a rank waits in `report` for the other ranks' matching call
     /// before the run fails naming the missing ranks. Default 30 minutes.
     pub report_timeout: Duration,
+    /// After preemption is requested, how long the ranks have to report a
+    /// final checkpoint and return before they are stopped. Default 30 s.
+    pub preemption_grace: Duration,
+    /// If a run of this name exists: `false` (default) continues it,
+    /// `true` deletes it and starts over.
+    pub fresh: bool,
 }
 
 impl Default for RunConfig {
@@ -107,7 +227,11 @@ impl Default for RunConfig {
         Self {
             name: None,
             storage_path: DEFAULT_STORAGE.into(),
+            checkpoint_config: CheckpointConfig::default(),
+            failure_config: FailureConfig::default(),
             report_timeout: DEFAULT_REPORT_TIMEOUT,
+            preemption_grace: DEFAULT_PREEMPTION_GRACE,
+            fresh: false,
         }
     }
 }
@@ -141,9 +265,17 @@ pub struct TrainerBuilder {
     run: RunConfig,
     resume_from: Option<String>,
     output: Option<Arc<dyn OutputSink>>,
+    preemption: Option<Preemption>,
 }
 
 impl TrainerBuilder {
+    /// A handle through which the caller can ask the run to stop early
+    /// (see [`Preemption`]).
+    pub fn preemption(mut self, preemption: Preemption) -> Self {
+        self.preemption = Some(preemption);
+        self
+    }
+
     /// The loop's config (Ray's `train_loop_config`): any JSON value,
     /// handed unchanged to every rank. Default `{}`.
     pub fn train_loop_config(mut self, config: serde_json::Value) -> Self {
@@ -199,13 +331,22 @@ impl TrainerBuilder {
                 "report_timeout is zero; ranks need time to meet in report".into(),
             ));
         }
+        if self.run.failure_config.max_failures < -1 {
+            return Err(Error::InvalidConfig(format!(
+                "max_failures is {}; use 0 to fail at once, N to survive N failures, or -1 for no limit",
+                self.run.failure_config.max_failures
+            )));
+        }
+        let retention = self.run.checkpoint_config.retention()?;
         Ok(Trainer {
+            retention,
             guest: self.guest,
             config: self.config,
             scaling: self.scaling,
             run: self.run,
             resume_from: self.resume_from,
             output: self.output.unwrap_or_else(|| Arc::new(TerminalOutput)),
+            preemption: self.preemption.unwrap_or_default(),
         })
     }
 }
@@ -230,12 +371,14 @@ fn check_run_name(name: &str) -> Result<(), Error> {
 /// what they report. Make one with [`Trainer::builder`].
 #[derive(Debug, Clone)]
 pub struct Trainer {
+    retention: Retention,
     guest: GuestSource,
     config: serde_json::Value,
     scaling: ScalingConfig,
     run: RunConfig,
     resume_from: Option<String>,
     output: Arc<dyn OutputSink>,
+    preemption: Preemption,
 }
 
 impl Trainer {
@@ -249,6 +392,7 @@ impl Trainer {
             run: RunConfig::default(),
             resume_from: None,
             output: None,
+            preemption: None,
         }
     }
 
@@ -296,9 +440,13 @@ impl Trainer {
         let fingerprint = hex::encode(Sha256::digest(config_json.as_bytes()));
         let ledger = Arc::new(rt.block_on(Ledger::open(
             run_storage.clone(),
-            &run_name,
-            &fingerprint,
-            world_size,
+            LedgerOptions {
+                run_name: &run_name,
+                config_fingerprint: &fingerprint,
+                world_size,
+                retention: self.retention.clone(),
+                fresh: self.run.fresh,
+            },
             rt.handle().clone(),
         ))?);
         let resume_from = match &self.resume_from {
@@ -314,85 +462,183 @@ impl Trainer {
                 operation: "create the run's working directory",
                 source,
             })?;
-        let mkdir = |p: &Path| {
-            std::fs::create_dir_all(p).map_err(|source| Error::Io {
-                path: p.to_path_buf(),
-                operation: "create a rank directory",
-                source,
-            })
-        };
         let restore_root = work.path().join("checkpoints");
-        mkdir(&restore_root)?;
-        let scratch: Vec<PathBuf> = (0..world_size)
-            .map(|r| work.path().join(format!("rank-{r}")))
-            .collect();
-        for dir in &scratch {
-            mkdir(dir)?;
-        }
-
-        let session = Arc::new(Session::new(
-            world_size,
-            self.run.report_timeout,
-            Arc::clone(&ledger),
-            Arc::new(RestoreCache::new(restore_root.clone(), RESTORE_GUEST_PATH)),
+        std::fs::create_dir_all(&restore_root).map_err(|source| Error::Io {
+            path: restore_root.clone(),
+            operation: "create the restore directory",
+            source,
+        })?;
+        let attempt = Attempt {
+            guest: &guest,
+            ledger: &ledger,
+            restore: Arc::new(RestoreCache::new(restore_root.clone(), RESTORE_GUEST_PATH)),
+            restore_root: &restore_root,
+            work: work.path(),
             resume_from,
-            rt.handle().clone(),
-        ));
-        let shared = RankShared {
-            config_json: config_json.into(),
-            run_name: run_name.clone().into(),
-            output: Arc::clone(&self.output),
+            shared: RankShared {
+                config_json: config_json.into(),
+                run_name: run_name.clone().into(),
+                output: Arc::clone(&self.output),
+            },
+            world_size,
+            handle: rt.handle().clone(),
         };
         tracing::info!(run = %run_storage.url(), ranks = world_size, "starting run");
 
-        let ticker = guest.start_ticker();
-        let outcomes: Vec<RankOutcome> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..world_size)
+        let max_failures = self.run.failure_config.max_failures;
+        let mut error = None;
+        let preempted = loop {
+            let (failure, preempted) = attempt.run(
+                self.run.report_timeout,
+                &self.preemption,
+                self.run.preemption_grace,
+            )?;
+            let Some(failure) = failure else {
+                break preempted;
+            };
+            let total = ledger.record_failure(&failure)?;
+            if preempted || (max_failures != -1 && total as i64 > max_failures) {
+                error = Some(failure);
+                break preempted;
+            }
+            let budget = if max_failures == -1 {
+                "no limit".to_owned()
+            } else {
+                format!("{total} of {max_failures} allowed")
+            };
+            tracing::warn!(
+                "failure {total} ({budget}): {failure}; restarting every rank from the latest committed checkpoint"
+            );
+        };
+        if preempted {
+            tracing::warn!(run = %run_storage.url(), "the run stopped early on request; run it again with the same name to resume");
+        }
+
+        let result = rt.block_on(collect_result(&ledger, run_name, error, preempted))?;
+        drop(work);
+        Ok(result)
+    }
+}
+
+/// Everything one attempt of a run needs; each attempt starts every rank
+/// afresh from the latest committed checkpoint.
+struct Attempt<'a> {
+    guest: &'a GuestComponent,
+    ledger: &'a Arc<Ledger>,
+    restore: Arc<RestoreCache>,
+    restore_root: &'a Path,
+    work: &'a Path,
+    resume_from: Option<Checkpoint>,
+    shared: RankShared,
+    world_size: u32,
+    handle: tokio::runtime::Handle,
+}
+
+impl Attempt<'_> {
+    /// Run every rank once; returns the attempt's failure, and whether a
+    /// stop was requested through `preemption`.
+    fn run(
+        &self,
+        report_timeout: Duration,
+        preemption: &Preemption,
+        grace: Duration,
+    ) -> Result<(Option<crate::RunFailure>, bool), Error> {
+        // Fresh scratch directories: nothing of a failed attempt leaks into
+        // the next one but what it committed.
+        let scratch: Vec<PathBuf> = (0..self.world_size)
+            .map(|r| self.work.join(format!("rank-{r}")))
+            .collect();
+        for dir in &scratch {
+            let _ = std::fs::remove_dir_all(dir);
+            std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+                path: dir.clone(),
+                operation: "create a rank's scratch directory",
+                source,
+            })?;
+        }
+        let session = Arc::new(Session::new(
+            self.world_size,
+            report_timeout,
+            Arc::clone(self.ledger),
+            Arc::clone(&self.restore),
+            self.resume_from.clone(),
+            preemption.clone(),
+            self.handle.clone(),
+        ));
+        let ticker = self.guest.start_ticker();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let watcher = scope.spawn(|| watch_preemption(preemption, grace, &done, &session));
+            let handles: Vec<_> = (0..self.world_size)
                 .map(|rank| {
                     let info = RankInfo {
                         world_rank: rank,
-                        world_size,
+                        world_size: self.world_size,
                         local_rank: rank,
-                        local_world_size: world_size,
+                        local_world_size: self.world_size,
                         node_rank: 0,
                     };
-                    let (guest, shared, session) = (&guest, shared.clone(), Arc::clone(&session));
+                    let (guest, shared, session) =
+                        (self.guest, self.shared.clone(), Arc::clone(&session));
                     let dirs = RankDirs {
                         scratch: &scratch[rank as usize],
-                        restore: &restore_root,
+                        restore: self.restore_root,
                     };
                     std::thread::Builder::new()
                         .name(format!("trainhost-rank-{rank}"))
                         .spawn_scoped(scope, move || run_rank(guest, info, shared, dirs, session))
                 })
                 .collect();
-            handles
-                .into_iter()
-                .enumerate()
-                .map(|(rank, h)| {
-                    let joined = h
-                        .map_err(|e| e.to_string())
-                        .and_then(|h| h.join().map_err(|p| panic_message(p.as_ref())));
-                    joined.unwrap_or_else(|message| {
-                        // A bug in the host, not the guest's doing; the run
-                        // fails saying so instead of hanging or vanishing.
-                        session.fail(crate::RunFailure {
-                            rank: Some(rank as u32),
-                            kind: crate::FailureKind::Host,
-                            message,
-                        });
-                        RankOutcome::Failed
-                    })
-                })
-                .collect()
+            for (rank, h) in handles.into_iter().enumerate() {
+                let joined = h
+                    .map_err(|e| e.to_string())
+                    .and_then(|h| h.join().map_err(|p| panic_message(p.as_ref())));
+                match joined {
+                    Ok(outcome) => tracing::debug!(rank, ?outcome, "rank ended"),
+                    // A bug in the host, not the guest's doing; the run
+                    // fails saying so instead of hanging or vanishing.
+                    Err(message) => session.fail(crate::RunFailure {
+                        rank: Some(rank as u32),
+                        kind: crate::FailureKind::Host,
+                        message,
+                    }),
+                }
+            }
+            done.store(true, Ordering::SeqCst);
+            let _ = watcher.join();
         });
         drop(ticker);
-        tracing::debug!(?outcomes, "ranks ended");
+        Ok((session.failure(), preemption.is_requested()))
+    }
+}
 
-        let error = session.failure();
-        let result = rt.block_on(collect_result(&ledger, run_name, error))?;
-        drop(work);
-        Ok(result)
+/// Wait for a stop request; then give the ranks `grace` to finish on
+/// their own before stopping them (at once when the request is forced).
+fn watch_preemption(
+    preemption: &Preemption,
+    grace: Duration,
+    done: &AtomicBool,
+    session: &Session,
+) {
+    const POLL: Duration = Duration::from_millis(10);
+    while !preemption.is_requested() {
+        if done.load(Ordering::SeqCst) {
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+    tracing::warn!(
+        "stop requested: ranks have {} to report a final checkpoint (request again to stop at once)",
+        humantime::format_duration(grace)
+    );
+    let deadline = std::time::Instant::now() + grace;
+    while !done.load(Ordering::SeqCst) {
+        if preemption.is_forced() || std::time::Instant::now() >= deadline {
+            tracing::warn!("stopping the ranks now; committed checkpoints are intact");
+            session.stop();
+            return;
+        }
+        std::thread::sleep(POLL);
     }
 }
 
@@ -419,23 +665,30 @@ async fn collect_result(
     ledger: &Ledger,
     run_name: String,
     error: Option<crate::RunFailure>,
+    preempted: bool,
 ) -> Result<TrainResult, Error> {
-    let (records, history, failures) = ledger.snapshot();
-    let mut best = Vec::with_capacity(records.len());
-    // Newest first: without a score attribute recency ranks best (R14).
-    for record in records.iter().rev() {
+    let (ranked, history, failures) = ledger.snapshot();
+    let mut best = Vec::with_capacity(ranked.len());
+    for record in &ranked {
         let checkpoint = Checkpoint::load(ledger.storage().child(&record.dir_name())).await?;
         best.push((checkpoint, record.metrics.clone()));
     }
+    let checkpoint = best
+        .iter()
+        .map(|(c, _)| c)
+        .max_by_key(|c| c.index())
+        .cloned();
     Ok(TrainResult {
         run_name,
         path: ledger.storage().url().to_owned(),
-        checkpoint: best.first().map(|(c, _)| c.clone()),
+        checkpoint,
         best_checkpoints: best,
         metrics: history.last().map(|r| r.metrics.clone()),
         metrics_history: history,
-        failures,
+        failures: failures.len() as u32,
+        failure_history: failures,
         error,
+        preempted,
     })
 }
 

@@ -19,6 +19,10 @@
 //! `fail_at_epoch` (none: panic at that epoch unless resumed from a
 //! checkpoint, to show crash recovery).
 //!
+//! On preemption (`preemption_requested()`, e.g. after SIGTERM to the
+//! host) the loop makes sure the epoch it just finished is checkpointed,
+//! then returns; running the same command again resumes after it.
+//!
 //! trainhost has no gradient all-reduce, so instead of averaging gradients
 //! every rank trains on the whole (identical, seeded) data set: the ranks'
 //! models stay identical, which is what DDP guarantees after each step.
@@ -83,7 +87,6 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         return Err("checkpoint_freq must be at least 1".into());
     }
     let rank = trainhost_guest::world_rank();
-    let world = trainhost_guest::world_size();
     let (x, y) = dataset(config.num_samples, config.seed);
 
     let (mut state, start_epoch) = match trainhost_guest::get_checkpoint() {
@@ -112,31 +115,62 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         let dir = trainhost_guest::scratch_dir().join("checkpoint");
         let should_checkpoint =
             epoch % config.checkpoint_freq == 0 || epoch + 1 == config.num_epochs;
-        let mut checkpoint = None;
-        if should_checkpoint && (config.sharded || rank == 0) {
-            let _ = fs::remove_dir_all(&dir);
-            fs::create_dir_all(&dir)?;
-            let meta = Meta {
-                epoch,
-                step: state.step,
-                world_size: world,
-            };
-            if config.sharded {
-                save_shard(&dir, &state, rank, world)?;
-            } else {
-                save_full(&dir, &state)?;
+        // DDP style: the model is the same everywhere, rank 0 saves it.
+        // Sharded: every rank saves its own slice.
+        let saves = config.sharded || rank == 0;
+        let metrics = Metrics::new().with("loss", loss).with("epoch", epoch);
+        let checkpoint = if should_checkpoint && saves {
+            Some(save(&dir, &state, epoch, config.sharded)?)
+        } else {
+            None
+        };
+        trainhost_guest::report(metrics.clone(), checkpoint)?;
+
+        // Preemption turns true on every rank after the same report, so all
+        // ranks take this branch together.
+        if trainhost_guest::preemption_requested() {
+            if !should_checkpoint {
+                let checkpoint = if saves {
+                    Some(save(&dir, &state, epoch, config.sharded)?)
+                } else {
+                    None
+                };
+                trainhost_guest::report(metrics, checkpoint)?;
             }
-            // Every rank writes identical meta.json bytes in sharded mode;
-            // trainhost accepts identical files from several ranks.
-            fs::write(dir.join("meta.json"), serde_json::to_vec(&meta)?)?;
-            checkpoint = Some(Checkpoint::from_directory(&dir));
+            if rank == 0 {
+                println!("preempted after epoch {epoch}; its checkpoint is committed");
+            }
+            return Ok(());
         }
-        trainhost_guest::report(
-            Metrics::new().with("loss", loss).with("epoch", epoch),
-            checkpoint,
-        )?;
     }
     Ok(())
+}
+
+/// Write this rank's checkpoint of `state` after `epoch` into `dir`.
+fn save(
+    dir: &Path,
+    state: &State,
+    epoch: u32,
+    sharded: bool,
+) -> Result<Checkpoint, Box<dyn std::error::Error>> {
+    let rank = trainhost_guest::world_rank();
+    let world = trainhost_guest::world_size();
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
+    if sharded {
+        save_shard(dir, state, rank, world)?;
+    } else {
+        save_full(dir, state)?;
+    }
+    // In sharded mode every rank writes identical meta.json bytes;
+    // trainhost accepts identical files from several ranks.
+    let meta = Meta {
+        epoch,
+        step: state.step,
+        world_size: world,
+    };
+    fs::write(dir.join("meta.json"), serde_json::to_vec(&meta)?)?;
+    Ok(Checkpoint::from_directory(dir))
 }
 
 trainhost_guest::entry!(train);

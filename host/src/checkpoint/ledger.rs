@@ -2,11 +2,17 @@
 //! metrics history, and the order in which they are written.
 //!
 //! A report with a checkpoint is written in this order, so that a host
-//! killed at any instant leaves storage resumable (R11, R12):
+//! killed at any instant leaves storage resumable (R11, R12, R18):
 //! 1. the checkpoint's files;
 //! 2. its manifest (the commit);
-//! 3. the run state, naming the new checkpoint;
-//! 4. the metrics history.
+//! 3. the run state, naming the new checkpoint and the retained ones;
+//! 4. deletions by retention, each manifest first;
+//! 5. the metrics history.
+//!
+//! Opening an existing run repairs what a killed host can leave behind:
+//! a checkpoint committed after the last state write is adopted, and
+//! directories that are not retained committed checkpoints (partial
+//! uploads, half-done deletions) are removed.
 
 use std::sync::Mutex;
 
@@ -17,6 +23,9 @@ use tokio::runtime::Handle;
 use super::capture::Capture;
 use super::manifest::{self, Manifest};
 use super::persist::{PersistError, persist};
+use super::restore::Checkpoint;
+use super::retention::Retention;
+use crate::result::RunFailure;
 use crate::storage::Storage;
 use crate::{Error, Metrics};
 
@@ -64,10 +73,14 @@ pub(crate) struct RunState {
     pub reports: u64,
     /// The index the next checkpoint gets.
     pub next_checkpoint_index: u64,
-    /// Committed checkpoints still in storage, in commit order.
+    /// Retained committed checkpoints, in commit order.
     pub checkpoints: Vec<CheckpointRecord>,
-    /// How many times the run failed.
-    pub failures: u32,
+    /// Every failure of the run, oldest first.
+    #[serde(default)]
+    pub failures: Vec<RunFailure>,
+    /// The retention policy last used, to rank checkpoints in listings.
+    #[serde(default)]
+    pub retention: Retention,
     pub updated_at: String,
 }
 
@@ -86,10 +99,22 @@ struct Inner {
     history_jsonl: Vec<u8>,
 }
 
+/// How to open a run.
+#[derive(Debug)]
+pub(crate) struct LedgerOptions<'a> {
+    pub run_name: &'a str,
+    pub config_fingerprint: &'a str,
+    pub world_size: u32,
+    pub retention: Retention,
+    /// Delete an existing run of this name instead of continuing it.
+    pub fresh: bool,
+}
+
 /// The run's record: owns the run directory in storage.
 pub(crate) struct Ledger {
     storage: Storage,
     handle: Handle,
+    retention: Retention,
     inner: Mutex<Inner>,
 }
 
@@ -103,86 +128,145 @@ impl std::fmt::Debug for Ledger {
 
 impl Ledger {
     /// Open the run at `storage`: continue it if it exists (same config
-    /// fingerprint), else start a new one.
+    /// fingerprint, R23), else start a new one.
     pub async fn open(
         storage: Storage,
-        run_name: &str,
-        config_fingerprint: &str,
-        world_size: u32,
+        options: LedgerOptions<'_>,
         handle: Handle,
     ) -> Result<Self, Error> {
-        let existing = storage.get(manifest::RUN_STATE).await?;
-        let is_new = existing.is_none();
-        let state = match existing {
+        let conflict = |reason: String| Error::RunConflict {
+            run: storage.url().to_owned(),
+            reason,
+        };
+        let mut existing = storage.get(manifest::RUN_STATE).await?;
+        if existing.is_some() && options.fresh {
+            tracing::warn!(run = %storage.url(), "deleting the existing run to start fresh");
+            storage.delete(manifest::RUN_STATE).await?;
+            storage.delete_all("").await?;
+            existing = None;
+        }
+        let resuming = existing.is_some();
+        let mut state = match existing {
             Some(bytes) => {
-                let state: RunState =
-                    serde_json::from_slice(&bytes).map_err(|e| Error::RunConflict {
-                        run: storage.url().to_owned(),
-                        reason: format!(
-                            "{} is unreadable ({e}); choose another run name or remove the run",
-                            manifest::RUN_STATE
-                        ),
-                    })?;
+                let state: RunState = serde_json::from_slice(&bytes).map_err(|e| {
+                    conflict(format!(
+                        "{} is unreadable ({e}); choose another run name, or start fresh",
+                        manifest::RUN_STATE
+                    ))
+                })?;
                 if state.format != manifest::FORMAT {
-                    return Err(Error::RunConflict {
-                        run: storage.url().to_owned(),
-                        reason: format!(
-                            "it was written in format {}, this trainhost reads format {}",
-                            state.format,
-                            manifest::FORMAT
-                        ),
-                    });
+                    return Err(conflict(format!(
+                        "it was written in format {}, this trainhost reads format {}",
+                        state.format,
+                        manifest::FORMAT
+                    )));
                 }
-                if state.config_fingerprint != config_fingerprint {
-                    return Err(Error::RunConflict {
-                        run: storage.url().to_owned(),
-                        reason: "it exists with a different config; resume it with the same config, or choose another run name".into(),
-                    });
+                if state.config_fingerprint != options.config_fingerprint {
+                    return Err(conflict(
+                        "it exists with a different config; resume it with the same config, choose another run name, or start fresh (which deletes it)".into(),
+                    ));
                 }
                 state
             }
             None => RunState {
                 format: manifest::FORMAT,
-                run_name: run_name.to_owned(),
-                config_fingerprint: config_fingerprint.to_owned(),
-                world_size,
+                run_name: options.run_name.to_owned(),
+                config_fingerprint: options.config_fingerprint.to_owned(),
+                world_size: options.world_size,
                 reports: 0,
                 next_checkpoint_index: 0,
                 checkpoints: Vec::new(),
-                failures: 0,
+                failures: Vec::new(),
+                retention: options.retention.clone(),
                 updated_at: manifest::now_rfc3339(),
             },
         };
+        // A resumed run may change its retention policy; the new one rules.
+        state.retention = options.retention.clone();
         let history_jsonl = storage
             .get(manifest::HISTORY)
             .await?
             .map(|b| b.to_vec())
             .unwrap_or_default();
-        let history = parse_history(&history_jsonl).map_err(|reason| Error::RunConflict {
-            run: storage.url().to_owned(),
-            reason,
-        })?;
-        let mut state = state;
+        let history = parse_history(&history_jsonl).map_err(conflict)?;
         // The history is written after the state, so a host killed between
         // the two leaves the state one report ahead; the larger count wins.
         if let Some(last) = history.last() {
             state.reports = state.reports.max(last.report_index + 1);
         }
-        if is_new {
-            // Written at once, so that a run that never commits can still
-            // be recognized (and its config checked) when resumed.
-            let json = serde_json::to_vec_pretty(&state).expect("state serializes");
-            storage.put(manifest::RUN_STATE, Bytes::from(json)).await?;
-        }
-        Ok(Self {
+        let ledger = Self {
             storage,
             handle,
+            retention: options.retention,
             inner: Mutex::new(Inner {
                 state,
                 history,
                 history_jsonl,
             }),
-        })
+        };
+        if resuming {
+            ledger.repair().await?;
+            // The policy may have changed: apply it (this also records it).
+            ledger.apply_retention().await?;
+        } else {
+            // Written at once, so that a run that never commits can still
+            // be recognized (and its config checked) when resumed.
+            ledger.write_state().await?;
+        }
+        Ok(ledger)
+    }
+
+    /// Bring storage and state into agreement after a host was killed.
+    async fn repair(&self) -> Result<(), Error> {
+        let mut dirs: Vec<(u64, String)> = self
+            .storage
+            .list_dirs("")
+            .await?
+            .into_iter()
+            .filter_map(|name| manifest::parse_checkpoint_dir_name(&name).map(|i| (i, name)))
+            .collect();
+        dirs.sort();
+        let (retained, next) = {
+            let inner = self.lock();
+            let retained: Vec<u64> = inner.state.checkpoints.iter().map(|c| c.index).collect();
+            (retained, inner.state.next_checkpoint_index)
+        };
+        let mut adopted = false;
+        for (index, name) in dirs {
+            if retained.contains(&index) {
+                continue;
+            }
+            if index >= next {
+                // Committed (or not) after the last state write.
+                match Checkpoint::load(self.storage.child(&name)).await {
+                    Ok(c) => {
+                        tracing::warn!(checkpoint = %c.location(), "adopting a checkpoint committed after the run state was last written");
+                        let mut inner = self.lock();
+                        inner.state.checkpoints.push(CheckpointRecord {
+                            index,
+                            report_index: c.manifest().report_index,
+                            metrics: c.metrics().clone(),
+                        });
+                        inner.state.next_checkpoint_index = index + 1;
+                        inner.state.reports =
+                            inner.state.reports.max(c.manifest().report_index + 1);
+                        adopted = true;
+                        continue;
+                    }
+                    Err(Error::NotACheckpoint { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            tracing::warn!(
+                dir = %self.storage.child(&name).url(),
+                "removing a checkpoint directory that is not a retained committed checkpoint (left by an interrupted upload or deletion)"
+            );
+            self.delete_checkpoint(&name).await?;
+        }
+        if adopted {
+            self.apply_retention().await?;
+        }
+        Ok(())
     }
 
     /// The run's storage location.
@@ -190,27 +274,80 @@ impl Ledger {
         &self.storage
     }
 
-    /// The latest committed checkpoint.
-    pub fn latest(&self) -> Option<CheckpointRecord> {
-        self.lock().state.checkpoints.last().cloned()
+    /// The retention policy.
+    pub fn retention(&self) -> &Retention {
+        &self.retention
     }
 
-    /// Committed checkpoints in commit order, the metrics history, and the
-    /// failure count.
-    pub fn snapshot(&self) -> (Vec<CheckpointRecord>, Vec<ReportRecord>, u32) {
+    /// Retained committed checkpoints, newest first.
+    pub fn newest_first(&self) -> Vec<CheckpointRecord> {
+        let mut out = self.lock().state.checkpoints.clone();
+        out.reverse();
+        out
+    }
+
+    /// Retained checkpoints best first, the metrics history, and every
+    /// failure so far.
+    pub fn snapshot(&self) -> (Vec<CheckpointRecord>, Vec<ReportRecord>, Vec<RunFailure>) {
         let inner = self.lock();
         (
-            inner.state.checkpoints.clone(),
+            self.retention.ranked(&inner.state.checkpoints),
             inner.history.clone(),
-            inner.state.failures,
+            inner.state.failures.clone(),
         )
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves consistent data (every
-        // mutation is a push or an assignment after the I/O), so a poisoned
-        // lock is still usable.
+        // Every mutation is a push or an assignment after the I/O, so a
+        // lock poisoned by a panic still guards consistent data.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn write_state(&self) -> Result<(), Error> {
+        let json = {
+            let mut inner = self.lock();
+            inner.state.updated_at = manifest::now_rfc3339();
+            serde_json::to_vec_pretty(&inner.state).expect("state serializes")
+        };
+        self.storage
+            .put(manifest::RUN_STATE, Bytes::from(json))
+            .await
+    }
+
+    /// Record a failure; returns how many the run has had in all.
+    pub fn record_failure(&self, failure: &RunFailure) -> Result<usize, Error> {
+        let count = {
+            let mut inner = self.lock();
+            inner.state.failures.push(failure.clone());
+            inner.state.failures.len()
+        };
+        self.handle.block_on(self.write_state())?;
+        Ok(count)
+    }
+
+    /// Delete a checkpoint: manifest first, so that a half-deleted
+    /// checkpoint is never restorable (R18).
+    async fn delete_checkpoint(&self, dir_name: &str) -> Result<(), Error> {
+        let dir = self.storage.child(dir_name);
+        dir.delete(manifest::MANIFEST).await?;
+        dir.delete_all("").await
+    }
+
+    /// Apply retention to the retained list: state first (R12), then the
+    /// deletions.
+    async fn apply_retention(&self) -> Result<(), Error> {
+        let dropped = {
+            let mut inner = self.lock();
+            let (kept, dropped) = self.retention.apply(&inner.state.checkpoints);
+            inner.state.checkpoints = kept;
+            dropped
+        };
+        self.write_state().await?;
+        for record in dropped {
+            tracing::info!(checkpoint = record.index, "retention: deleting checkpoint");
+            self.delete_checkpoint(&record.dir_name()).await?;
+        }
+        Ok(())
     }
 
     /// Record one collective report: commit a checkpoint from `captures` if
@@ -273,56 +410,53 @@ impl Ledger {
                 bytes = manifest.total_bytes(),
                 "committed checkpoint"
             );
-            committed = Some(CheckpointRecord {
+            let record = CheckpointRecord {
                 index: checkpoint_index,
                 report_index,
                 metrics: metrics.clone(),
-            });
+            };
+            self.retention.warn_unscored(&record);
+            {
+                let mut inner = self.lock();
+                inner.state.reports = report_index + 1;
+                inner.state.next_checkpoint_index = checkpoint_index + 1;
+                inner.state.checkpoints.push(record);
+            }
+            self.apply_retention().await?;
+            committed = Some(checkpoint_index);
         }
 
-        let (state_json, history_bytes) = {
+        let history_bytes = {
             let mut inner = self.lock();
             inner.state.reports = report_index + 1;
-            if let Some(record) = &committed {
-                inner.state.next_checkpoint_index = record.index + 1;
-                inner.state.checkpoints.push(record.clone());
-                inner.state.updated_at = manifest::now_rfc3339();
-            }
             let record = ReportRecord {
                 report_index,
                 metrics,
-                checkpoint: committed.as_ref().map(|c| c.index),
+                checkpoint: committed,
                 time: manifest::now_rfc3339(),
             };
             let mut line = serde_json::to_vec(&record).expect("reports serialize");
             line.push(b'\n');
             inner.history_jsonl.extend_from_slice(&line);
             inner.history.push(record);
-            let state_json = committed
-                .is_some()
-                .then(|| serde_json::to_vec_pretty(&inner.state).expect("state serializes"));
-            (state_json, Bytes::from(inner.history_jsonl.clone()))
+            Bytes::from(inner.history_jsonl.clone())
         };
-        if let Some(json) = state_json {
-            self.storage
-                .put(manifest::RUN_STATE, Bytes::from(json))
-                .await?;
-        }
         self.storage.put(manifest::HISTORY, history_bytes).await?;
         Ok(Ok(()))
     }
 }
 
 fn parse_history(bytes: &[u8]) -> Result<Vec<ReportRecord>, String> {
+    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     let mut out = Vec::new();
-    for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+    for (i, line) in lines.iter().enumerate() {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         match serde_json::from_slice(line) {
             Ok(record) => out.push(record),
             // A host killed while writing leaves at most a torn last line.
-            Err(_) if i + 1 == bytes.split(|b| *b == b'\n').count() => break,
+            Err(_) if i + 1 == lines.len() => break,
             Err(e) => {
                 return Err(format!(
                     "{} line {} is unreadable ({e}); choose another run name or repair the file",

@@ -1,5 +1,6 @@
 //! Reports and checkpoints: the collective report gate, capture of a rank's
-//! directory, persisting and committing, the run's record, and restore.
+//! directory, persisting and committing, retention, the run's record, and
+//! restore.
 
 mod capture;
 mod gate;
@@ -7,13 +8,16 @@ mod ledger;
 pub(crate) mod manifest;
 mod persist;
 mod restore;
+mod retention;
 mod session;
 
 pub(crate) use capture::capture;
 pub(crate) use gate::Aborted;
 pub use ledger::{CheckpointRecord, ReportRecord};
-pub(crate) use ledger::{Ledger, ReportRefused};
+pub(crate) use ledger::{Ledger, LedgerOptions, ReportRefused};
 pub use manifest::{FileEntry, Manifest};
 pub(crate) use restore::RestoreCache;
 pub use restore::{Checkpoint, CheckpointDir, committed_checkpoints};
+pub(crate) use retention::Retention;
+pub use retention::ScoreOrder;
 pub(crate) use session::Session;

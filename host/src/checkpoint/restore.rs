@@ -293,7 +293,17 @@ pub(crate) fn block_on<T>(fut: impl Future<Output = Result<T, Error>>) -> Result
 
 /// One checkpoint's local copy: its guest path once downloaded, or why the
 /// download failed. Filled once, by the first rank that asks.
-type Restored = OnceCell<Result<String, String>>;
+type Restored = OnceCell<Result<String, RestoreFailed>>;
+
+/// Why a checkpoint could not be restored.
+#[derive(Debug, Clone)]
+pub(crate) enum RestoreFailed {
+    /// Its bytes or manifest in storage are wrong: another checkpoint may
+    /// do.
+    Corrupt(String),
+    /// Anything else (storage unreachable, local disk full).
+    Failed(String),
+}
 
 /// Local copies of checkpoints for the ranks of one host: each is
 /// downloaded and verified once, then shared read-only by every local rank
@@ -317,7 +327,11 @@ impl RestoreCache {
 
     /// The guest path of `checkpoint` under the name `key`, downloading it
     /// on first use. Concurrent callers wait for the one download.
-    pub async fn materialize(&self, key: &str, checkpoint: &Checkpoint) -> Result<String, String> {
+    pub async fn materialize(
+        &self,
+        key: &str,
+        checkpoint: &Checkpoint,
+    ) -> Result<String, RestoreFailed> {
         let cell = {
             let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(entries.entry(key.to_owned()).or_default())
@@ -326,7 +340,10 @@ impl RestoreCache {
         cell.get_or_init(|| async {
             match self.download(key, checkpoint).await {
                 Ok(()) => Ok(format!("{}/{key}", self.guest_root)),
-                Err(e) => Err(crate::error::chain(&e)),
+                Err(e @ Error::Verification { .. }) => {
+                    Err(RestoreFailed::Corrupt(crate::error::chain(&e)))
+                }
+                Err(e) => Err(RestoreFailed::Failed(crate::error::chain(&e))),
             }
         })
         .await
@@ -357,8 +374,9 @@ impl RestoreCache {
 }
 
 /// The committed checkpoints of the run stored at `run_location` (a
-/// directory or URL), oldest first. Directories without a valid manifest
-/// were never committed and are left out.
+/// directory or URL), best first as the run's retention policy ranks them
+/// (without a score attribute, newest first). Directories without a valid
+/// manifest were never committed and are left out.
 ///
 /// ```no_run
 /// for c in trainhost::committed_checkpoints("./trainhost_results/demo")? {
@@ -369,29 +387,40 @@ impl RestoreCache {
 pub fn committed_checkpoints(run_location: &str) -> Result<Vec<Checkpoint>, Error> {
     block_on(async {
         let storage = Storage::open(run_location.trim_end_matches('/'))?;
-        if storage.get(manifest::RUN_STATE).await?.is_none() {
+        let Some(state) = storage.get(manifest::RUN_STATE).await? else {
             return Err(Error::InvalidConfig(format!(
                 "{} holds no trainhost run (no {}); give the run's directory, <storage>/<run name>",
                 storage.url(),
                 manifest::RUN_STATE
             )));
-        }
-        let mut indexed: Vec<(u64, String)> = storage
-            .list_dirs("")
-            .await?
-            .into_iter()
-            .filter_map(|name| manifest::parse_checkpoint_dir_name(&name).map(|i| (i, name)))
-            .collect();
-        indexed.sort();
-        let mut out = Vec::with_capacity(indexed.len());
-        for (_, name) in indexed {
+        };
+        let retention = serde_json::from_slice::<super::ledger::RunState>(&state)
+            .map(|s| s.retention)
+            .unwrap_or_default();
+        let mut records = Vec::new();
+        let mut found = Vec::new();
+        for name in storage.list_dirs("").await? {
+            let Some(index) = manifest::parse_checkpoint_dir_name(&name) else {
+                continue;
+            };
             match Checkpoint::load(storage.child(&name)).await {
-                Ok(c) => out.push(c),
+                Ok(c) => {
+                    records.push(super::ledger::CheckpointRecord {
+                        index,
+                        report_index: c.manifest().report_index,
+                        metrics: c.metrics().clone(),
+                    });
+                    found.push(c);
+                }
                 Err(Error::NotACheckpoint { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(out)
+        Ok(retention
+            .ranked(&records)
+            .iter()
+            .filter_map(|r| found.iter().find(|c| c.index() == r.index).cloned())
+            .collect())
     })
 }
 

@@ -1,16 +1,18 @@
 //! One attempt's shared state, as the ranks' imports use it: the report
-//! gate, the ledger, the restore cache, and the run's first failure.
+//! gate, the ledger, the restore cache, preemption, and the attempt's first
+//! failure.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::runtime::Handle;
 
 use super::capture::Capture;
 use super::gate::{Aborted, ReportGate};
 use super::ledger::{Ledger, ReportRefused};
-use super::restore::{Checkpoint, RestoreCache};
+use super::restore::{Checkpoint, RestoreCache, RestoreFailed};
 use crate::Metrics;
+use crate::preemption::Preemption;
 use crate::result::{FailureKind, RunFailure};
 
 /// What a rank brings to a report.
@@ -35,9 +37,15 @@ pub(crate) struct Session {
     ledger: Arc<Ledger>,
     restore: Arc<RestoreCache>,
     resume_from: Option<Checkpoint>,
+    preemption: Preemption,
     handle: Handle,
     failure: Mutex<Option<RunFailure>>,
     aborted: AtomicBool,
+    /// Reports completed in this attempt.
+    completed: AtomicU64,
+    /// Once preemption is requested: the number of completed reports after
+    /// which every rank sees `preemption-requested` true.
+    preempt_after: OnceLock<u64>,
 }
 
 impl Session {
@@ -47,6 +55,7 @@ impl Session {
         ledger: Arc<Ledger>,
         restore: Arc<RestoreCache>,
         resume_from: Option<Checkpoint>,
+        preemption: Preemption,
         handle: Handle,
     ) -> Self {
         Self {
@@ -55,19 +64,22 @@ impl Session {
             ledger,
             restore,
             resume_from,
+            preemption,
             handle,
             failure: Mutex::new(None),
             aborted: AtomicBool::new(false),
+            completed: AtomicU64::new(0),
+            preempt_after: OnceLock::new(),
         }
     }
 
-    /// Whether the run is failing and every rank must stop. Cheap: read on
-    /// every epoch tick of every rank.
+    /// Whether every rank must stop now. Cheap: read on every epoch tick of
+    /// every rank.
     pub fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Relaxed)
     }
 
-    /// Fail the run (the first failure is the one kept) and stop every
+    /// Fail the attempt (the first failure is the one kept) and stop every
     /// rank.
     pub fn fail(&self, failure: RunFailure) {
         {
@@ -77,16 +89,35 @@ impl Session {
                 *slot = Some(failure);
             }
         }
+        self.stop();
+    }
+
+    /// Stop every rank without a failure (preemption's grace ran out).
+    pub fn stop(&self) {
         self.aborted.store(true, Ordering::Relaxed);
         self.gate.abort();
     }
 
-    /// The run's first failure.
+    /// The attempt's first failure.
     pub fn failure(&self) -> Option<RunFailure> {
         self.failure
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Refuse metrics that cannot be recorded: a score attribute that is not
+    /// a number (R17).
+    pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), String> {
+        self.ledger.retention().check_metrics(metrics)
+    }
+
+    /// Whether a rank that has made `reports` reports in this attempt sees
+    /// preemption requested.
+    pub fn preemption_requested(&self, reports: u64) -> bool {
+        self.preempt_after
+            .get()
+            .is_some_and(|after| reports >= *after)
     }
 
     /// Rank `rank`'s part of the next collective report. Returns the
@@ -107,7 +138,7 @@ impl Session {
                 .collect();
             // Rank 0's metrics are the report's (R6).
             let metrics = std::mem::take(&mut arrivals[0].metrics);
-            match self.ledger.record(metrics, captures, self.world_size) {
+            let outcome = match self.ledger.record(metrics, captures, self.world_size) {
                 Ok(Ok(())) => Outcome::Recorded,
                 Ok(Err(refused)) => Outcome::Refused(refused),
                 Err(e) => {
@@ -118,7 +149,14 @@ impl Session {
                     });
                     Outcome::Failed
                 }
+            };
+            // Latched here, between reports, so that every rank sees the
+            // request after the same report.
+            let completed = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+            if self.preemption.is_requested() {
+                self.preempt_after.get_or_init(|| completed);
             }
+            outcome
         });
         match outcome {
             Ok(Outcome::Recorded) => Ok(Ok(())),
@@ -148,32 +186,61 @@ impl Session {
     }
 
     /// The guest path of the checkpoint to resume from (R21): the run's
-    /// latest committed checkpoint, else `resume_from`, else none.
+    /// latest committed checkpoint that verifies, else `resume_from`, else
+    /// none.
     pub fn get_checkpoint(&self, rank: u32) -> Result<Option<String>, Aborted> {
-        let result = self.handle.block_on(async {
-            if let Some(latest) = self.ledger.latest() {
-                let name = latest.dir_name();
-                let checkpoint = Checkpoint::load(self.ledger.storage().child(&name))
-                    .await
-                    .map_err(|e| crate::error::chain(&e))?;
-                return self.restore.materialize(&name, &checkpoint).await.map(Some);
+        self.handle
+            .block_on(self.resolve_checkpoint())
+            .map_err(|message| {
+                self.fail(RunFailure {
+                    rank: Some(rank),
+                    kind: FailureKind::Restore,
+                    message,
+                });
+                Aborted
+            })
+    }
+
+    async fn resolve_checkpoint(&self) -> Result<Option<String>, String> {
+        let committed = self.ledger.newest_first();
+        let mut corrupt = Vec::new();
+        for record in &committed {
+            let name = record.dir_name();
+            let restored = match Checkpoint::load(self.ledger.storage().child(&name)).await {
+                Ok(checkpoint) => self.restore.materialize(&name, &checkpoint).await,
+                Err(e @ crate::Error::NotACheckpoint { .. }) => {
+                    Err(RestoreFailed::Corrupt(crate::error::chain(&e)))
+                }
+                Err(e) => Err(RestoreFailed::Failed(crate::error::chain(&e))),
+            };
+            match restored {
+                Ok(path) => return Ok(Some(path)),
+                // Every rank walks the same cached results, so all settle on
+                // the same older checkpoint.
+                Err(RestoreFailed::Corrupt(message)) => {
+                    if corrupt.is_empty() {
+                        tracing::error!(
+                            "checkpoint {name} of the run is damaged in storage and is skipped; falling back to an older one: {message}"
+                        );
+                    }
+                    corrupt.push(message);
+                }
+                Err(RestoreFailed::Failed(message)) => return Err(message),
             }
-            match &self.resume_from {
-                Some(checkpoint) => self
-                    .restore
-                    .materialize("resume_from", checkpoint)
-                    .await
-                    .map(Some),
-                None => Ok(None),
-            }
-        });
-        result.map_err(|message| {
-            self.fail(RunFailure {
-                rank: Some(rank),
-                kind: FailureKind::Restore,
-                message,
-            });
-            Aborted
-        })
+        }
+        if !committed.is_empty() {
+            return Err(format!(
+                "none of the run's {} committed checkpoints verifies: {}",
+                committed.len(),
+                corrupt.join("; ")
+            ));
+        }
+        match &self.resume_from {
+            Some(checkpoint) => match self.restore.materialize("resume_from", checkpoint).await {
+                Ok(path) => Ok(Some(path)),
+                Err(RestoreFailed::Corrupt(m) | RestoreFailed::Failed(m)) => Err(m),
+            },
+            None => Ok(None),
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-pub(crate) use rank::{RankDirs, RankInfo, RankOutcome, RankShared, run_rank};
+pub(crate) use rank::{RankDirs, RankInfo, RankShared, run_rank};
 pub(crate) use sandbox::RESTORE_GUEST_PATH;
 
 use crate::Error;

@@ -131,6 +131,9 @@ impl session::Host for RankState {
             Ok(m) => m,
             Err(msg) => return Ok(Err(ReportError::InvalidMetrics(msg))),
         };
+        if let Err(msg) = self.session.check_metrics(&metrics) {
+            return Ok(Err(ReportError::InvalidMetrics(msg)));
+        }
         let capture = match checkpoint {
             None => None,
             Some(path) => {
@@ -150,6 +153,10 @@ impl session::Host for RankState {
             Ok(Err(ReportRefused::Collision(msg))) => Ok(Err(ReportError::Collision(msg))),
             Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
         }
+    }
+
+    fn preemption_requested(&mut self) -> wasmtime::Result<bool> {
+        Ok(self.session.preemption_requested(self.reports))
     }
 
     fn get_checkpoint(&mut self) -> wasmtime::Result<Option<String>> {

@@ -175,6 +175,14 @@ impl Storage {
         }
     }
 
+    /// Delete the object at `relative`; deleting a missing object is fine.
+    pub async fn delete(&self, relative: &str) -> Result<(), Error> {
+        match self.store.delete(&self.object_path(relative)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(format!("delete {relative}"), e)),
+        }
+    }
+
     /// Delete every object below `relative`.
     pub async fn delete_all(&self, relative: &str) -> Result<(), Error> {
         let prefix = self.object_path(relative);

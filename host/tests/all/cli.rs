@@ -67,11 +67,13 @@ fn run_the_example_then_list_its_checkpoints() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stderr}");
     let rows: Vec<&str> = stdout.lines().collect();
-    assert_eq!(rows.len(), 4, "{stdout}");
+    assert_eq!(rows.len(), 5, "{stdout}");
+    // Without a score attribute, newest first; the latest marked.
     assert!(
-        rows[1].starts_with("checkpoint_000000") && rows[1].contains("epoch=0 loss="),
+        rows[2].starts_with("* checkpoint_000002") && rows[2].contains("epoch=2 loss="),
         "{stdout}"
     );
+    assert!(rows[4].starts_with("  checkpoint_000000"), "{stdout}");
 
     let out = trainhost(
         &["checkpoints", "trainhost_results/demo", "--json"],
@@ -79,7 +81,9 @@ fn run_the_example_then_list_its_checkpoints() {
     );
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 3);
-    assert_eq!(list[2]["metrics"]["epoch"], 2);
+    assert_eq!(list[0]["metrics"]["epoch"], 2);
+    assert_eq!(list[0]["latest"], true);
+    assert_eq!(list[1]["latest"], false);
 }
 
 #[test]
@@ -142,6 +146,34 @@ fn bad_input_gets_one_clear_error_each() {
             "invalid value 'soon'",
         ),
         (&["checkpoints", "nothing-here"], "holds no trainhost run"),
+        (
+            &["run", TEST_GUEST, "--num-to-keep", "0"],
+            "must be at least 1, got 0",
+        ),
+        (
+            &["run", TEST_GUEST, "--num-to-keep", "-2"],
+            "must be at least 1, got -2",
+        ),
+        (
+            &["run", TEST_GUEST, "--score-order", "up"],
+            "score order must be max or min",
+        ),
+        (
+            &["run", TEST_GUEST, "--max-failures", "-5"],
+            "max_failures is -5",
+        ),
+        (&["run", TEST_GUEST, "--keep-every", "0"], "keep_every is 0"),
+        (
+            &[
+                "run",
+                TEST_GUEST,
+                "--score-attribute",
+                "max-auc",
+                "--score-order",
+                "min",
+            ],
+            "implies order Max",
+        ),
     ];
     for (args, expected) in cases {
         let out = trainhost(args, tmp.path());
@@ -168,10 +200,102 @@ fn help_explains_every_flag() {
         "--resume-from",
         "--result-json",
         "--report-timeout",
+        "--num-to-keep",
+        "--score-attribute",
+        "--score-order",
+        "--keep-every",
+        "--max-failures",
+        "--grace-period",
+        "--fresh",
     ] {
         assert!(stdout.contains(flag), "{flag} missing from:\n{stdout}");
     }
     assert!(stdout.contains("@FILE"), "{stdout}");
     let out = trainhost(&["checkpoints", "--help"], tmp.path());
     assert!(text(&out).0.contains("--json"));
+}
+
+#[test]
+fn retention_flags_keep_the_best_and_the_listing_ranks_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut steps = Vec::new();
+    for (i, loss) in [2, 4, 1, 3].iter().enumerate() {
+        steps.push(serde_json::json!({"write": "c/i", "text": i.to_string()}));
+        steps.push(serde_json::json!({"report": {"loss": loss}, "checkpoint": "c"}));
+    }
+    let config = serde_json::json!({ "steps": steps }).to_string();
+    let out = trainhost(
+        &[
+            "run",
+            TEST_GUEST,
+            "--config",
+            &config,
+            "--name",
+            "keep",
+            "--num-to-keep",
+            "2",
+            "--score-attribute",
+            "loss",
+            "--score-order",
+            "min",
+        ],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out).1);
+    let out = trainhost(&["checkpoints", "keep"], tmp.path());
+    let (stdout, _) = text(&out);
+    let names: Vec<&str> = stdout
+        .lines()
+        .skip(2)
+        .map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with("checkpoint_"))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "checkpoint_000002",
+            "checkpoint_000000",
+            "checkpoint_000003"
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .nth(4)
+            .unwrap()
+            .starts_with("* checkpoint_000003"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn max_failures_restarts_through_the_cli() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({"steps": [
+        {"write": "c/attempt", "text": "{next_attempt}"},
+        {"report": {}, "checkpoint": "c"},
+        {"panic": "first attempt dies", "when_attempt": [0]},
+    ]})
+    .to_string();
+    let out = trainhost(
+        &[
+            "run",
+            TEST_GUEST,
+            "--config",
+            &config,
+            "--name",
+            "f",
+            "--max-failures",
+            "1",
+        ],
+        tmp.path(),
+    );
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("failures: 1"), "{stderr}");
+    assert!(stderr.contains("rank 0 trapped"), "{stderr}");
 }

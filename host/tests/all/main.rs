@@ -4,7 +4,11 @@
 mod cli;
 mod escape;
 mod example;
+mod failures;
+mod preemption;
 mod protocol;
 mod report;
 mod restore;
+mod resume;
+mod retention;
 mod util;

@@ -57,6 +57,7 @@ fn a_rank_that_never_reports_times_out_naming_it() {
         name: Some("t".into()),
         storage_path: storage.path().display().to_string(),
         report_timeout: Duration::from_millis(500),
+        ..Default::default()
     });
     let started = Instant::now();
     let run = finish(builder, storage, lines);

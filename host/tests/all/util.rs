@@ -89,6 +89,7 @@ pub fn scripted(workers: u32, steps: Value) -> (TrainerBuilder, tempfile::TempDi
             name: Some("t".into()),
             storage_path: storage.path().display().to_string(),
             report_timeout: Duration::from_secs(60),
+            ..Default::default()
         })
         .output(lines.clone());
     (builder, storage, lines)

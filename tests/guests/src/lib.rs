@@ -19,13 +19,21 @@
 //! - `{"print_context": true}`: prints rank, sizes, run name and config
 //! - `{"panic": MSG}`, `{"fail": MSG}`, `{"spin": true}` (loops forever)
 //! - `{"print": TEXT}` (stdout), `{"eprint": TEXT}` (stderr)
+//! - `{"sleep_ms": N}`
+//! - `{"until_preempted": true}`: report `i` = 0, 1, .. until preemption is
+//!   requested, then report a checkpoint holding `final` and return
+//!
+//! A step with `"when_attempt": [..]` runs only when the restored
+//! checkpoint's `attempt` file holds one of those numbers (0 without one);
+//! `{attempt}` and `{next_attempt}` stand for that number and the next. In
+//! report metrics the strings "NaN", "inf" and "-inf" stand for floats.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use trainhost_guest::{Checkpoint, Metrics};
+use trainhost_guest::{Checkpoint, MetricValue, Metrics};
 
 #[derive(Deserialize)]
 struct Script {
@@ -33,8 +41,20 @@ struct Script {
     steps: Vec<Map<String, Value>>,
 }
 
+/// What the placeholders in the script's strings stand for.
+struct Vars {
+    rank: u32,
+    /// The number in the restored checkpoint's `attempt` file, or 0.
+    attempt: u64,
+}
+
 fn train(script: Script) -> Result<(), String> {
     let rank = trainhost_guest::world_rank();
+    let attempt = trainhost_guest::get_checkpoint()
+        .and_then(|c| fs::read_to_string(c.path().join("attempt")).ok())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    let vars = Vars { rank, attempt };
     for step in &script.steps {
         if let Some(ranks) = step.get("ranks") {
             let ranks: Vec<u32> =
@@ -43,15 +63,24 @@ fn train(script: Script) -> Result<(), String> {
                 continue;
             }
         }
-        run_step(step, rank)?;
+        if let Some(attempts) = step.get("when_attempt") {
+            let attempts: Vec<u64> =
+                serde_json::from_value(attempts.clone()).map_err(|e| e.to_string())?;
+            if !attempts.contains(&attempt) {
+                continue;
+            }
+        }
+        run_step(step, &vars)?;
     }
     Ok(())
 }
 
-fn text(step: &Map<String, Value>, key: &str, rank: u32) -> Option<String> {
-    step.get(key)
-        .and_then(Value::as_str)
-        .map(|s| s.replace("{rank}", &rank.to_string()))
+fn text(step: &Map<String, Value>, key: &str, vars: &Vars) -> Option<String> {
+    step.get(key).and_then(Value::as_str).map(|s| {
+        s.replace("{rank}", &vars.rank.to_string())
+            .replace("{next_attempt}", &(vars.attempt + 1).to_string())
+            .replace("{attempt}", &vars.attempt.to_string())
+    })
 }
 
 fn scratch_path(p: &str) -> PathBuf {
@@ -63,14 +92,15 @@ fn scratch_path(p: &str) -> PathBuf {
     }
 }
 
-fn run_step(step: &Map<String, Value>, rank: u32) -> Result<(), String> {
+fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
+    let rank = vars.rank;
     let io = |e: std::io::Error| e.to_string();
-    if let Some(path) = text(step, "write", rank) {
+    if let Some(path) = text(step, "write", vars) {
         let path = scratch_path(&path);
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io)?;
         }
-        let data = match (text(step, "text", rank), step.get("bytes")) {
+        let data = match (text(step, "text", vars), step.get("bytes")) {
             (Some(t), _) => t.into_bytes(),
             (None, Some(n)) => {
                 let n = n.as_u64().ok_or("bytes must be a number")? as usize;
@@ -80,24 +110,24 @@ fn run_step(step: &Map<String, Value>, rank: u32) -> Result<(), String> {
             (None, None) => return Err("write needs text or bytes".into()),
         };
         fs::write(&path, data).map_err(io)?;
-    } else if let Some(path) = text(step, "write_cwd", rank) {
+    } else if let Some(path) = text(step, "write_cwd", vars) {
         // Relative to the working directory, without joining anything.
-        let text = text(step, "text", rank).unwrap_or_default();
+        let text = text(step, "text", vars).unwrap_or_default();
         if let Some(parent) = Path::new(&path).parent() {
             fs::create_dir_all(parent).map_err(io)?;
         }
         fs::write(&path, text).map_err(io)?;
-    } else if let Some(path) = text(step, "mkdir", rank) {
+    } else if let Some(path) = text(step, "mkdir", vars) {
         fs::create_dir_all(scratch_path(&path)).map_err(io)?;
-    } else if let Some(path) = text(step, "remove", rank) {
+    } else if let Some(path) = text(step, "remove", vars) {
         let path = scratch_path(&path);
         if path.is_dir() {
             fs::remove_dir_all(path).map_err(io)?;
         } else {
             fs::remove_file(path).map_err(io)?;
         }
-    } else if let Some(link) = text(step, "symlink", rank) {
-        let target = text(step, "target", rank).ok_or("symlink needs target")?;
+    } else if let Some(link) = text(step, "symlink", vars) {
+        let target = text(step, "target", vars).ok_or("symlink needs target")?;
         if let Err(e) = symlink(&target, &link) {
             println!("symlink refused: {e}");
         }
@@ -105,12 +135,17 @@ fn run_step(step: &Map<String, Value>, rank: u32) -> Result<(), String> {
         let metrics = serde_json::to_string(metrics).map_err(|e| e.to_string())?;
         let metrics: Value = serde_json::from_str(&metrics.replace("{rank}", &rank.to_string()))
             .map_err(|e| e.to_string())?;
-        let metrics = Metrics::from_serialize(&metrics).map_err(|e| e.to_string())?;
-        let checkpoint = text(step, "checkpoint", rank).map(Checkpoint::from_directory);
+        let metrics =
+            with_special_floats(Metrics::from_serialize(&metrics).map_err(|e| e.to_string())?);
+        let checkpoint = text(step, "checkpoint", vars).map(Checkpoint::from_directory);
         match trainhost_guest::report(metrics, checkpoint) {
             Ok(()) => println!("report ok"),
             Err(e) => println!("report refused: {e}"),
         }
+    } else if let Some(ms) = step.get("sleep_ms").and_then(Value::as_u64) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    } else if step.contains_key("until_preempted") {
+        until_preempted()?;
     } else if step.contains_key("print_checkpoint") {
         print_checkpoint()?;
     } else if step.contains_key("print_context") {
@@ -124,21 +159,63 @@ fn run_step(step: &Map<String, Value>, rank: u32) -> Result<(), String> {
             trainhost_guest::run_name(),
             trainhost_guest::config_json(),
         );
-    } else if let Some(msg) = text(step, "panic", rank) {
+    } else if let Some(msg) = text(step, "panic", vars) {
         panic!("{msg}");
-    } else if let Some(msg) = text(step, "fail", rank) {
+    } else if let Some(msg) = text(step, "fail", vars) {
         return Err(msg);
     } else if step.contains_key("spin") {
         let mut x: u64 = 1;
         loop {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
         }
-    } else if let Some(t) = text(step, "print", rank) {
+    } else if let Some(t) = text(step, "print", vars) {
         println!("{t}");
-    } else if let Some(t) = text(step, "eprint", rank) {
+    } else if let Some(t) = text(step, "eprint", vars) {
         eprintln!("{t}");
     } else {
         return Err(format!("unknown step {step:?}"));
+    }
+    Ok(())
+}
+
+/// JSON has no NaN or infinity: the strings "NaN", "inf" and "-inf" stand
+/// for them in the script's metrics.
+fn with_special_floats(metrics: Metrics) -> Metrics {
+    metrics
+        .into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                MetricValue::Text(t) if t == "NaN" => MetricValue::Float(f64::NAN),
+                MetricValue::Text(t) if t == "inf" => MetricValue::Float(f64::INFINITY),
+                MetricValue::Text(t) if t == "-inf" => MetricValue::Float(f64::NEG_INFINITY),
+                other => other,
+            };
+            (name, value)
+        })
+        .collect()
+}
+
+/// Report `{"i": n}` every few milliseconds until preemption is requested,
+/// then report a final checkpoint holding `final` = n and return.
+fn until_preempted() -> Result<(), String> {
+    let dir = trainhost_guest::scratch_dir().join("final");
+    for i in 0u64.. {
+        trainhost_guest::report(Metrics::new().with("i", i as i64), None)
+            .map_err(|e| e.to_string())?;
+        if trainhost_guest::preemption_requested() {
+            fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            fs::write(dir.join("final"), i.to_string()).map_err(|e| e.to_string())?;
+            let checkpoint =
+                (trainhost_guest::world_rank() == 0).then(|| Checkpoint::from_directory(&dir));
+            trainhost_guest::report(
+                Metrics::new().with("i", i as i64).with("final", true),
+                checkpoint,
+            )
+            .map_err(|e| e.to_string())?;
+            println!("preempted at {i}");
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
     Ok(())
 }

@@ -1,0 +1,245 @@
+//! Which committed checkpoints to keep (R13-R18).
+//!
+//! Ranking: with a score attribute, by score in the configured order, a
+//! missing or NaN score ranking worst; without one, by recency. Ties go to
+//! the newer checkpoint. The latest checkpoint is always kept (so a crash
+//! can resume from it), as is every `keep_every`-th.
+
+use std::cmp::Ordering;
+
+use super::ledger::CheckpointRecord;
+use crate::Metrics;
+use crate::metrics::MetricValue;
+
+/// Whether a higher or a lower score is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScoreOrder {
+    /// Higher is better (accuracy). Ray's default.
+    #[default]
+    Max,
+    /// Lower is better (loss).
+    Min,
+}
+
+/// The retention policy, validated. Stored in the run state so that
+/// listings rank checkpoints as the run did.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Retention {
+    pub num_to_keep: Option<usize>,
+    pub score: Option<(String, ScoreOrder)>,
+    pub keep_every: Option<u64>,
+}
+
+impl Retention {
+    /// A report's metrics must give the score attribute as a number, if
+    /// they give it at all (R17).
+    pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), String> {
+        let Some((attr, _)) = &self.score else {
+            return Ok(());
+        };
+        match metrics.get(attr) {
+            None | Some(MetricValue::Integer(_) | MetricValue::Float(_)) => Ok(()),
+            Some(other) => Err(format!(
+                "the score attribute {attr:?} must be a number, got {other}; report it as an integer or float, or choose another score attribute"
+            )),
+        }
+    }
+
+    /// The score of a checkpoint: `None` when missing or NaN.
+    fn score(&self, metrics: &Metrics) -> Option<f64> {
+        let (attr, _) = self.score.as_ref()?;
+        metrics
+            .get(attr)
+            .and_then(MetricValue::as_f64)
+            .filter(|v| !v.is_nan())
+    }
+
+    /// `a` compared to `b`: `Less` when `a` ranks better.
+    fn compare(&self, a: &CheckpointRecord, b: &CheckpointRecord) -> Ordering {
+        let newer_first = b.index.cmp(&a.index);
+        let Some((_, order)) = &self.score else {
+            return newer_first;
+        };
+        match (self.score(&a.metrics), self.score(&b.metrics)) {
+            (Some(x), Some(y)) => {
+                let better = match order {
+                    ScoreOrder::Max => y.total_cmp(&x),
+                    ScoreOrder::Min => x.total_cmp(&y),
+                };
+                better.then(newer_first)
+            }
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => newer_first,
+        }
+    }
+
+    /// `records` ordered best first.
+    pub fn ranked(&self, records: &[CheckpointRecord]) -> Vec<CheckpointRecord> {
+        let mut out = records.to_vec();
+        out.sort_by(|a, b| self.compare(a, b));
+        out
+    }
+
+    /// Split `records` (in commit order) into those to keep and those to
+    /// delete, both in commit order.
+    pub fn apply(
+        &self,
+        records: &[CheckpointRecord],
+    ) -> (Vec<CheckpointRecord>, Vec<CheckpointRecord>) {
+        let Some(num_to_keep) = self.num_to_keep else {
+            return (records.to_vec(), Vec::new());
+        };
+        let latest = records.iter().map(|r| r.index).max();
+        let best: Vec<u64> = self
+            .ranked(records)
+            .iter()
+            .take(num_to_keep)
+            .map(|r| r.index)
+            .collect();
+        records.iter().cloned().partition(|r| {
+            Some(r.index) == latest
+                || best.contains(&r.index)
+                || self.keep_every.is_some_and(|n| r.index % n == 0)
+        })
+    }
+
+    /// Log a warning for a checkpoint whose score is missing or NaN.
+    pub fn warn_unscored(&self, record: &CheckpointRecord) {
+        if let Some((attr, _)) = &self.score
+            && self.score(&record.metrics).is_none()
+        {
+            tracing::warn!(
+                checkpoint = record.index,
+                "checkpoint has no numeric {attr:?} metric (missing or NaN); it ranks worst for retention"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(index: u64, metrics: &[(&str, MetricValue)]) -> CheckpointRecord {
+        CheckpointRecord {
+            index,
+            report_index: index,
+            metrics: metrics.iter().cloned().collect(),
+        }
+    }
+
+    fn losses(values: &[Option<f64>]) -> Vec<CheckpointRecord> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Some(v) => rec(i as u64, &[("loss", MetricValue::Float(*v))]),
+                None => rec(i as u64, &[("other", MetricValue::Integer(1))]),
+            })
+            .collect()
+    }
+
+    fn policy(keep: usize, order: Option<ScoreOrder>) -> Retention {
+        Retention {
+            num_to_keep: Some(keep),
+            score: order.map(|o| ("loss".to_owned(), o)),
+            keep_every: None,
+        }
+    }
+
+    fn indexes(records: &[CheckpointRecord]) -> Vec<u64> {
+        records.iter().map(|r| r.index).collect()
+    }
+
+    #[test]
+    fn keeps_the_best_by_min_plus_the_latest() {
+        let records = losses(&[Some(2.0), Some(4.0), Some(1.0), Some(3.0)]);
+        let p = policy(2, Some(ScoreOrder::Min));
+        let (kept, dropped) = p.apply(&records);
+        assert_eq!(
+            indexes(&kept),
+            [0, 2, 3],
+            "the two best (1, 2) plus the latest (3)"
+        );
+        assert_eq!(indexes(&dropped), [1]);
+        assert_eq!(indexes(&p.ranked(&kept)), [2, 0, 3]);
+    }
+
+    #[test]
+    fn without_a_score_the_most_recent_are_kept() {
+        let records = losses(&[Some(1.0), Some(1.0), Some(1.0), Some(1.0)]);
+        let (kept, _) = policy(2, None).apply(&records);
+        assert_eq!(indexes(&kept), [2, 3]);
+    }
+
+    #[test]
+    fn ties_go_to_the_newer_checkpoint() {
+        let records = losses(&[Some(1.0), Some(1.0), Some(5.0)]);
+        let p = policy(1, Some(ScoreOrder::Min));
+        assert_eq!(indexes(&p.ranked(&records)), [1, 0, 2]);
+        let (kept, _) = p.apply(&records);
+        assert_eq!(indexes(&kept), [1, 2]);
+    }
+
+    #[test]
+    fn missing_and_nan_scores_rank_worst_under_both_orders() {
+        let records = losses(&[None, Some(f64::NAN), Some(3.0), Some(1.0), None]);
+        for order in [ScoreOrder::Min, ScoreOrder::Max] {
+            let ranked = indexes(&policy(1, Some(order)).ranked(&records));
+            assert_eq!(&ranked[2..], [4, 1, 0], "{order:?}: {ranked:?}");
+        }
+        let (kept, _) = policy(1, Some(ScoreOrder::Max)).apply(&records);
+        assert_eq!(
+            indexes(&kept),
+            [2, 4],
+            "best (3.0) and the latest, though unscored"
+        );
+    }
+
+    #[test]
+    fn keep_every_keeps_every_nth_checkpoint_whatever_its_score() {
+        let records = losses(&[
+            Some(9.0),
+            Some(8.0),
+            Some(7.0),
+            Some(1.0),
+            Some(6.0),
+            Some(5.0),
+        ]);
+        let p = Retention {
+            keep_every: Some(2),
+            ..policy(1, Some(ScoreOrder::Min))
+        };
+        let (kept, dropped) = p.apply(&records);
+        assert_eq!(indexes(&kept), [0, 2, 3, 4, 5]);
+        assert_eq!(indexes(&dropped), [1]);
+    }
+
+    #[test]
+    fn integer_scores_count_and_non_numeric_ones_are_refused() {
+        let p = policy(1, Some(ScoreOrder::Max));
+        assert!(
+            p.check_metrics(&[("loss", MetricValue::Integer(3))].into_iter().collect())
+                .is_ok()
+        );
+        assert!(p.check_metrics(&Metrics::new()).is_ok());
+        let err = p
+            .check_metrics(
+                &[("loss", MetricValue::Text("low".into()))]
+                    .into_iter()
+                    .collect(),
+            )
+            .unwrap_err();
+        assert!(err.contains("\"loss\" must be a number"), "{err}");
+    }
+
+    #[test]
+    fn keeping_all_deletes_nothing() {
+        let records = losses(&[Some(1.0), Some(2.0)]);
+        let (kept, dropped) = Retention::default().apply(&records);
+        assert_eq!(indexes(&kept), [0, 1]);
+        assert!(dropped.is_empty());
+    }
+}

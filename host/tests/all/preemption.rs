@@ -1,0 +1,195 @@
+//! Stopping early on request: SIGTERM to the CLI, or Preemption from a
+//! library caller.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use trainhost::{Preemption, RunConfig};
+
+use crate::util::*;
+
+fn preemptible(
+    workers: u32,
+    steps: serde_json::Value,
+    grace: Duration,
+) -> (Run, Preemption, Duration) {
+    let preemption = Preemption::new();
+    let (builder, storage, lines) = scripted(workers, steps);
+    let builder = builder
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: storage.path().display().to_string(),
+            preemption_grace: grace,
+            ..Default::default()
+        })
+        .preemption(preemption.clone());
+    let requester = {
+        let p = preemption.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            p.request();
+            Instant::now()
+        })
+    };
+    let run = finish(builder, storage, lines);
+    let requested_at = requester.join().unwrap();
+    (run, preemption, requested_at.elapsed())
+}
+
+#[test]
+fn ranks_see_the_request_after_the_same_report_and_commit_a_final_checkpoint() {
+    let (run, _, _) = preemptible(
+        3,
+        json!([{"until_preempted": true}]),
+        Duration::from_secs(60),
+    );
+    run.assert_ok();
+    assert!(run.result.preempted);
+    let stops: Vec<String> = (0..3)
+        .map(|r| run.stdout(r).last().cloned().unwrap())
+        .collect();
+    assert!(stops[0].starts_with("preempted at "), "{stops:?}");
+    assert!(
+        stops.iter().all(|s| *s == stops[0]),
+        "ranks stopped at different reports: {stops:?}"
+    );
+    let latest = run.result.checkpoint.as_ref().expect("a final checkpoint");
+    let at: String = stops[0].trim_start_matches("preempted at ").to_owned();
+    assert_eq!(
+        std::fs::read_to_string(std::path::Path::new(latest.location()).join("final")).unwrap(),
+        at
+    );
+    assert_eq!(
+        run.result.metrics.as_ref().unwrap().get("final"),
+        Some(&trainhost::MetricValue::Boolean(true))
+    );
+}
+
+#[test]
+fn ranks_that_ignore_the_request_are_stopped_after_the_grace_period() {
+    let (run, _, since_request) = preemptible(
+        2,
+        json!([
+            {"write": "c/w", "text": "kept", "ranks": [0]},
+            {"report": {}, "checkpoint": "c", "ranks": [0]},
+            {"report": {}, "ranks": [1]},
+            {"spin": true},
+        ]),
+        Duration::from_millis(200),
+    );
+    assert!(run.result.preempted);
+    assert!(
+        run.result.error.is_none(),
+        "being stopped on request is not a failure: {:?}",
+        run.result.error
+    );
+    assert_eq!(run.result.failures, 0);
+    assert!(since_request < Duration::from_secs(20), "{since_request:?}");
+    run.result.checkpoint.as_ref().unwrap().verify().unwrap();
+}
+
+#[test]
+fn sigterm_yields_a_final_checkpoint_and_a_resumable_exit_and_the_rerun_continues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "run",
+        LINEAR_REGRESSION,
+        "--workers",
+        "2",
+        "--name",
+        "pre",
+        // Checkpoints every 100000 epochs only: the final one comes from
+        // the preemption path.
+        "--config",
+        r#"{"num_epochs": 100000000, "checkpoint_freq": 100000}"#,
+    ];
+    let start = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_trainhost"))
+            .args(args)
+            .current_dir(tmp.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let wait = |rx: &mpsc::Receiver<String>, what: &str| -> Vec<String> {
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            let done = line.contains(what);
+            seen.push(line);
+            if done {
+                return seen;
+            }
+        }
+        panic!(
+            "never saw {what:?}; last lines: {:?}",
+            &seen[seen.len().saturating_sub(5)..]
+        );
+    };
+    let sigterm = |child: &std::process::Child| {
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+
+    let (child, rx) = start();
+    wait(&rx, "epoch 300:");
+    sigterm(&child);
+    let out = wait(&rx, "preempted after epoch");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(75), "{stderr}");
+    assert!(
+        stderr.contains("stopped early on request; resume with"),
+        "{stderr}"
+    );
+    let stopped_at: u64 = out
+        .last()
+        .unwrap()
+        .split("preempted after epoch ")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let run_dir = tmp.path().join("trainhost_results/pre");
+    let listed = trainhost::committed_checkpoints(run_dir.to_str().unwrap()).unwrap();
+    let final_checkpoint = listed.iter().max_by_key(|c| c.index()).unwrap();
+    final_checkpoint.verify().unwrap();
+    assert_eq!(
+        serde_json::to_value(final_checkpoint.metrics().get("epoch").unwrap()).unwrap(),
+        json!(stopped_at)
+    );
+
+    let (child, rx) = start();
+    let out = wait(&rx, "resuming from");
+    assert!(
+        out.last()
+            .unwrap()
+            .ends_with(&format!("after epoch {stopped_at}")),
+        "{:?}",
+        out.last()
+    );
+    wait(&rx, &format!("epoch {}:", stopped_at + 1));
+    sigterm(&child);
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(75));
+}

@@ -1,0 +1,288 @@
+//! Resuming a run by name (R23): after a host killed with SIGKILL, with
+//! leftovers of interrupted uploads, with a damaged newest checkpoint.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::json;
+use trainhost::{Checkpoint, RunConfig};
+
+use crate::util::*;
+
+/// The CLI running the example under `name` in `dir`; its stdout lines
+/// arrive on the receiver.
+fn start_example(
+    dir: &std::path::Path,
+    name: &str,
+    config: &str,
+) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trainhost"))
+        .args([
+            "run",
+            LINEAR_REGRESSION,
+            "--workers",
+            "2",
+            "--name",
+            name,
+            "--config",
+            config,
+            "--num-to-keep",
+            "3",
+        ])
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Wait (at most a minute) for a line satisfying `pred`; returns it.
+fn wait_for(rx: &mpsc::Receiver<String>, pred: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if pred(&line) => return line,
+            Ok(_) => {}
+            Err(e) => panic!("no matching line from the host: {e}"),
+        }
+    }
+}
+
+fn epoch_of(line: &str) -> Option<u64> {
+    line.strip_prefix("[rank 0] epoch ")?
+        .split(':')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn a_host_killed_with_sigkill_resumes_from_its_last_committed_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = r#"{"num_epochs": 400}"#;
+    let (mut child, rx) = start_example(tmp.path(), "killed", config);
+    wait_for(&rx, |l| epoch_of(l).is_some_and(|e| e >= 60));
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+
+    let run_dir = tmp.path().join("trainhost_results/killed");
+    let before = trainhost::committed_checkpoints(run_dir.to_str().unwrap()).unwrap();
+    let last_before = before
+        .iter()
+        .map(Checkpoint::index)
+        .max()
+        .expect("checkpoints were committed");
+    let resumed_epoch = before
+        .iter()
+        .find(|c| c.index() == last_before)
+        .unwrap()
+        .metrics()
+        .get("epoch")
+        .cloned();
+
+    let (mut child, rx) = start_example(tmp.path(), "killed", config);
+    let line = wait_for(&rx, |l| l.contains("resuming from"));
+    let resumed_epoch = serde_json::to_value(resumed_epoch.unwrap()).unwrap();
+    assert!(
+        line.ends_with(&format!("after epoch {resumed_epoch}")),
+        "resumed from the wrong checkpoint: {line} (latest committed was epoch {resumed_epoch})"
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success());
+
+    // Numbering went on; every retained checkpoint verifies.
+    let after = trainhost::committed_checkpoints(run_dir.to_str().unwrap()).unwrap();
+    assert!(
+        after.iter().all(|c| c.index() > last_before),
+        "numbering continued"
+    );
+    assert!(after.len() <= 3, "retention applies across the restart");
+    for c in &after {
+        c.verify().unwrap();
+    }
+    let history = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap();
+    let indexes: Vec<u64> = history
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["report_index"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        indexes.windows(2).all(|w| w[1] == w[0] + 1),
+        "report numbering is continuous"
+    );
+    let last: serde_json::Value = serde_json::from_str(history.lines().last().unwrap()).unwrap();
+    assert_eq!(last["metrics"]["epoch"], 399);
+}
+
+/// The script of the runs below: print the checkpoint received, then
+/// commit two, holding `w` = "zero" and "one".
+fn script() -> serde_json::Value {
+    json!([
+        {"print_checkpoint": true},
+        {"write": "ckpt/w", "text": "zero"},
+        {"report": {"i": 0}, "checkpoint": "ckpt"},
+        {"write": "ckpt/w", "text": "one"},
+        {"report": {"i": 1}, "checkpoint": "ckpt"},
+    ])
+}
+
+/// Run the script again under run "t" in `first`'s storage.
+fn rerun(first: &Run, fresh: bool, steps: serde_json::Value) -> Run {
+    let (builder, scratch, lines) = scripted(1, steps);
+    let builder = builder.run_config(RunConfig {
+        name: Some("t".into()),
+        storage_path: first.storage.path().display().to_string(),
+        fresh,
+        ..Default::default()
+    });
+    finish(builder, scratch, lines)
+}
+
+#[test]
+fn leftovers_of_interrupted_uploads_are_removed_and_never_restored() {
+    let first = run(1, script());
+    first.assert_ok();
+    let dir = first.dir();
+    // An upload killed before its manifest, and an orphan far ahead.
+    std::fs::create_dir_all(dir.join("checkpoint_000002/sub")).unwrap();
+    std::fs::write(dir.join("checkpoint_000002/sub/w"), "partial").unwrap();
+    std::fs::create_dir_all(dir.join("checkpoint_000009")).unwrap();
+    std::fs::write(dir.join("checkpoint_000009/w"), "junk").unwrap();
+
+    let second = rerun(&first, false, script());
+    second.assert_ok();
+    assert_eq!(
+        second.stdout(0)[0],
+        "checkpoint: /checkpoints/checkpoint_000001"
+    );
+    // checkpoint_000002 is now the resumed run's own, with the new bytes.
+    assert_eq!(
+        checkpoint_dirs(&dir),
+        [
+            "checkpoint_000000",
+            "checkpoint_000001",
+            "checkpoint_000002",
+            "checkpoint_000003"
+        ]
+    );
+    assert_eq!(files(&dir.join("checkpoint_000002")), ["w"]);
+    assert_eq!(
+        std::fs::read(dir.join("checkpoint_000002/w")).unwrap(),
+        b"zero"
+    );
+    let indexes: Vec<u64> = second
+        .result
+        .metrics_history
+        .iter()
+        .map(|r| r.report_index)
+        .collect();
+    assert_eq!(indexes, [0, 1, 2, 3]);
+}
+
+#[test]
+fn a_checkpoint_committed_after_the_last_state_write_is_adopted() {
+    let first = run(1, script());
+    first.assert_ok();
+    let dir = first.dir();
+    // A host killed between the manifest and the state write: the state
+    // does not know checkpoint 1, but its manifest commits it.
+    let state_path = dir.join("trainhost-run.json");
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+    state["checkpoints"].as_array_mut().unwrap().truncate(1);
+    state["next_checkpoint_index"] = json!(1);
+    state["reports"] = json!(1);
+    std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+
+    let second = rerun(&first, false, script());
+    second.assert_ok();
+    assert_eq!(
+        second.stdout(0)[0],
+        "checkpoint: /checkpoints/checkpoint_000001"
+    );
+    assert_eq!(checkpoint_dirs(&dir).len(), 4);
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_to_the_previous_one() {
+    let first = run(1, script());
+    first.assert_ok();
+    std::fs::write(first.dir().join("checkpoint_000001/w"), "bit rot").unwrap();
+    let second = rerun(&first, false, script());
+    second.assert_ok();
+    let out = second.stdout(0);
+    assert_eq!(
+        out[0], "checkpoint: /checkpoints/checkpoint_000000",
+        "{out:?}"
+    );
+    assert!(out[1].starts_with("file: w 4 "), "{out:?}");
+}
+
+#[test]
+fn when_no_committed_checkpoint_verifies_the_run_fails_instead_of_starting_over() {
+    let first = run(1, script());
+    first.assert_ok();
+    for dir in ["checkpoint_000000", "checkpoint_000001"] {
+        std::fs::write(first.dir().join(dir).join("w"), "bit rot").unwrap();
+    }
+    let second = rerun(&first, false, script());
+    let e = second.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, trainhost::FailureKind::Restore);
+    assert!(
+        e.message
+            .contains("none of the run's 2 committed checkpoints verifies"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_changed_config_is_refused_unless_starting_fresh() {
+    let first = run(1, script());
+    first.assert_ok();
+    let changed = json!([{"print_checkpoint": true}, {"report": {"other": 1}}]);
+    let (builder, _scratch, _lines) = scripted(1, changed.clone());
+    let err = builder
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: first.storage.path().display().to_string(),
+            ..Default::default()
+        })
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("exists with a different config"),
+        "{err}"
+    );
+    assert!(
+        first.dir().join("checkpoint_000001").exists(),
+        "refusing touches nothing"
+    );
+
+    let fresh = rerun(&first, true, changed);
+    fresh.assert_ok();
+    assert_eq!(fresh.stdout(0), ["checkpoint: none", "report ok"]);
+    assert!(
+        checkpoint_dirs(&first.dir()).is_empty(),
+        "the old run was deleted"
+    );
+    assert_eq!(fresh.result.metrics_history.len(), 1);
+}
