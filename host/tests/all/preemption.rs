@@ -193,3 +193,33 @@ fn sigterm_yields_a_final_checkpoint_and_a_resumable_exit_and_the_rerun_continue
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(75));
 }
+
+#[test]
+fn a_forced_stop_does_not_wait_for_the_grace_period() {
+    let preemption = Preemption::new();
+    let (builder, storage, lines) = scripted(2, json!([{"spin": true}]));
+    let builder = builder
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: storage.path().display().to_string(),
+            preemption_grace: Duration::from_secs(3600),
+            ..Default::default()
+        })
+        .preemption(preemption.clone());
+    let forcer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        preemption.request();
+        std::thread::sleep(Duration::from_millis(200));
+        preemption.force();
+        Instant::now()
+    });
+    let run = finish(builder, storage, lines);
+    let forced_at = forcer.join().unwrap();
+    assert!(run.result.preempted);
+    assert!(run.result.error.is_none());
+    assert!(
+        forced_at.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        forced_at.elapsed()
+    );
+}
