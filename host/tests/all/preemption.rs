@@ -1,9 +1,6 @@
 //! Stopping early on request: SIGTERM to the CLI, or Preemption from a
 //! library caller.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -106,63 +103,18 @@ fn sigterm_yields_a_final_checkpoint_and_a_resumable_exit_and_the_rerun_continue
         "--config",
         r#"{"num_epochs": 100000000, "checkpoint_freq": 100000}"#,
     ];
-    let start = || {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trainhost"))
-            .args(args)
-            .current_dir(tmp.path())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        (child, rx)
-    };
-    let wait = |rx: &mpsc::Receiver<String>, what: &str| -> Vec<String> {
-        let mut seen = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            let done = line.contains(what);
-            seen.push(line);
-            if done {
-                return seen;
-            }
-        }
-        panic!(
-            "never saw {what:?}; last lines: {:?}",
-            &seen[seen.len().saturating_sub(5)..]
-        );
-    };
-    let sigterm = |child: &std::process::Child| {
-        let status = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
-
-    let (child, rx) = start();
-    wait(&rx, "epoch 300:");
-    sigterm(&child);
-    let out = wait(&rx, "preempted after epoch");
-    let output = child.wait_with_output().unwrap();
+    let host = HostProcess::spawn(&args, tmp.path());
+    host.wait_for(|l| l.contains("epoch 300:"));
+    host.sigterm();
+    let stopped = host.wait_for(|l| l.contains("preempted after epoch"));
+    let output = host.child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(75), "{stderr}");
     assert!(
         stderr.contains("stopped early on request; resume with"),
         "{stderr}"
     );
-    let stopped_at: u64 = out
-        .last()
-        .unwrap()
+    let stopped_at: u64 = stopped
         .split("preempted after epoch ")
         .nth(1)
         .and_then(|r| r.split(';').next())
@@ -179,18 +131,15 @@ fn sigterm_yields_a_final_checkpoint_and_a_resumable_exit_and_the_rerun_continue
         json!(stopped_at)
     );
 
-    let (child, rx) = start();
-    let out = wait(&rx, "resuming from");
+    let host = HostProcess::spawn(&args, tmp.path());
+    let resumed = host.wait_for(|l| l.contains("resuming from"));
     assert!(
-        out.last()
-            .unwrap()
-            .ends_with(&format!("after epoch {stopped_at}")),
-        "{:?}",
-        out.last()
+        resumed.ends_with(&format!("after epoch {stopped_at}")),
+        "{resumed}"
     );
-    wait(&rx, &format!("epoch {}:", stopped_at + 1));
-    sigterm(&child);
-    let output = child.wait_with_output().unwrap();
+    host.wait_for(|l| l.contains(&format!("epoch {}:", stopped_at + 1)));
+    host.sigterm();
+    let output = host.child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(75));
 }
 

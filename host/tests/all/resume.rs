@@ -1,25 +1,15 @@
 //! Resuming a run by name (R23): after a host killed with SIGKILL, with
 //! leftovers of interrupted uploads, with a damaged newest checkpoint.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
 use serde_json::json;
 use trainhost::{Checkpoint, RunConfig};
 
 use crate::util::*;
 
-/// The CLI running the example under `name` in `dir`; its stdout lines
-/// arrive on the receiver.
-fn start_example(
-    dir: &std::path::Path,
-    name: &str,
-    config: &str,
-) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trainhost"))
-        .args([
+/// The CLI running the example as 2 ranks under `name` in `dir`.
+fn start_example(dir: &std::path::Path, name: &str, config: &str) -> HostProcess {
+    HostProcess::spawn(
+        &[
             "run",
             LINEAR_REGRESSION,
             "--workers",
@@ -30,36 +20,9 @@ fn start_example(
             config,
             "--num-to-keep",
             "3",
-        ])
-        .current_dir(dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if tx.send(line.unwrap()).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
-}
-
-/// Wait (at most a minute) for a line satisfying `pred`; returns it.
-fn wait_for(rx: &mpsc::Receiver<String>, pred: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if pred(&line) => return line,
-            Ok(_) => {}
-            Err(e) => panic!("no matching line from the host: {e}"),
-        }
-    }
+        ],
+        dir,
+    )
 }
 
 fn epoch_of(line: &str) -> Option<u64> {
@@ -74,10 +37,10 @@ fn epoch_of(line: &str) -> Option<u64> {
 fn a_host_killed_with_sigkill_resumes_from_its_last_committed_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let config = r#"{"num_epochs": 400}"#;
-    let (mut child, rx) = start_example(tmp.path(), "killed", config);
-    wait_for(&rx, |l| epoch_of(l).is_some_and(|e| e >= 60));
-    child.kill().unwrap(); // SIGKILL: no chance to clean up
-    child.wait().unwrap();
+    let mut host = start_example(tmp.path(), "killed", config);
+    host.wait_for(|l| epoch_of(l).is_some_and(|e| e >= 60));
+    host.child.kill().unwrap(); // SIGKILL: no chance to clean up
+    host.child.wait().unwrap();
 
     let run_dir = tmp.path().join("trainhost_results/killed");
     let before = trainhost::committed_checkpoints(run_dir.to_str().unwrap()).unwrap();
@@ -94,14 +57,14 @@ fn a_host_killed_with_sigkill_resumes_from_its_last_committed_checkpoint() {
         .get("epoch")
         .cloned();
 
-    let (mut child, rx) = start_example(tmp.path(), "killed", config);
-    let line = wait_for(&rx, |l| l.contains("resuming from"));
+    let mut host = start_example(tmp.path(), "killed", config);
+    let line = host.wait_for(|l| l.contains("resuming from"));
     let resumed_epoch = serde_json::to_value(resumed_epoch.unwrap()).unwrap();
     assert!(
         line.ends_with(&format!("after epoch {resumed_epoch}")),
         "resumed from the wrong checkpoint: {line} (latest committed was epoch {resumed_epoch})"
     );
-    let status = child.wait().unwrap();
+    let status = host.child.wait().unwrap();
     assert!(status.success());
 
     // Numbering went on; every retained checkpoint verifies.

@@ -160,3 +160,67 @@ pub fn checkpoint_dirs(run_dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// The `trainhost` command running as a separate process, its stdout lines
+/// arriving on a channel, so tests can act on what it prints (kill it at a
+/// chosen moment, say).
+pub struct HostProcess {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl HostProcess {
+    /// Start `trainhost ARGS` in `dir`.
+    pub fn spawn(args: &[&str], dir: &Path) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trainhost"))
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Wait, at most a minute, for a line satisfying `pred`, and return it.
+    pub fn wait_for(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut last = Vec::new();
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+        {
+            if pred(&line) {
+                return line;
+            }
+            last.push(line);
+            if last.len() > 5 {
+                last.remove(0);
+            }
+        }
+        panic!("the host never printed the awaited line; its last lines: {last:?}");
+    }
+
+    /// Send SIGTERM, as a scheduler preempting the machine would.
+    pub fn sigterm(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
