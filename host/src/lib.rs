@@ -49,13 +49,14 @@ mod trainer;
 
 pub use checkpoint::{
     Checkpoint, CheckpointDir, CheckpointRecord, FileEntry, Manifest, ReportRecord,
-    committed_checkpoints,
+    committed_checkpoints, committed_checkpoints_with,
 };
 pub use error::Error;
 pub use metrics::{MetricValue, Metrics};
 pub use preemption::Preemption;
 pub use result::{FailureKind, RunFailure, TrainResult};
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
+pub use storage::StorageOptions;
 pub use trainer::{
     CheckpointConfig, DEFAULT_PREEMPTION_GRACE, DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE,
     FailureConfig, GuestSource, RunConfig, ScalingConfig, ScoreOrder, Trainer, TrainerBuilder,

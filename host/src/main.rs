@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use trainhost::{CheckpointConfig, FailureConfig, Preemption, RunConfig, ScalingConfig, Trainer};
+use trainhost::{
+    CheckpointConfig, FailureConfig, Preemption, RunConfig, ScalingConfig, StorageOptions, Trainer,
+};
 
 /// Run training loops compiled to WebAssembly components as sandboxed
 /// ranks, with checkpoints persisted, verified and restored by the host.
@@ -117,6 +119,60 @@ struct RunArgs {
     /// continuing it.
     #[arg(long)]
     fresh: bool,
+
+    #[command(flatten)]
+    storage_flags: StorageFlags,
+
+    /// No progress bars and no informational logs (warnings and errors
+    /// still show; RUST_LOG overrides).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+/// How to reach an object store.
+#[derive(Args, Debug)]
+struct StorageFlags {
+    /// A setting for the object store, repeatable: object_store's keys for
+    /// the URL's scheme, e.g. aws_endpoint=http://127.0.0.1:9000,
+    /// aws_region=eu-west-1, google_service_account=key.json,
+    /// azure_storage_account_name=acct, allow_http=true. The environment
+    /// (AWS_*, GOOGLE_*, AZURE_*) is read first; these win.
+    /// instance_metadata=true allows credentials from the cloud's metadata
+    /// service.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = parse_key_value, help_heading = "Storage")]
+    storage_options: Vec<(String, String)>,
+
+    /// How many times a failed storage request is retried, with backoff.
+    #[arg(long, value_name = "N", default_value_t = 10, help_heading = "Storage")]
+    storage_retries: usize,
+
+    /// How long a storage request keeps being retried in all.
+    #[arg(long, value_name = "DURATION", default_value = "3m", value_parser = parse_duration, help_heading = "Storage")]
+    storage_retry_timeout: Duration,
+
+    /// How long one storage request may take.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, help_heading = "Storage")]
+    storage_timeout: Duration,
+}
+
+impl StorageFlags {
+    fn options(&self, progress: bool) -> StorageOptions {
+        StorageOptions {
+            options: self.storage_options.clone(),
+            max_retries: self.storage_retries,
+            retry_timeout: self.storage_retry_timeout,
+            request_timeout: self.storage_timeout,
+            progress,
+            ..StorageOptions::default()
+        }
+    }
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -131,6 +187,9 @@ struct CheckpointsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+
+    #[command(flatten)]
+    storage_flags: StorageFlags,
 }
 
 fn parse_num_to_keep(s: &str) -> Result<usize, String> {
@@ -149,10 +208,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let quiet = matches!(&cli.command, Command::Run(args) if args.quiet);
+    let default_level = if quiet { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -165,10 +226,28 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes, `: `-separated, leaving out a cause whose
+/// text an outer message already carries (object_store's messages include
+/// their sources).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn read_config(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
@@ -208,6 +287,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             report_timeout: args.report_timeout,
             preemption_grace: args.grace_period,
             fresh: args.fresh,
+            storage_options: args.storage_flags.options(!args.quiet),
         });
     if let Some(location) = args.resume_from {
         builder = builder.resume_from_checkpoint(location);
@@ -287,7 +367,8 @@ fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
     } else {
         format!("{}/{}", args.storage.trim_end_matches('/'), args.run)
     };
-    let list = trainhost::committed_checkpoints(&location)?;
+    let list =
+        trainhost::committed_checkpoints_with(&location, &args.storage_flags.options(false))?;
     let latest = list.iter().map(trainhost::Checkpoint::index).max();
     if args.json {
         let json: Vec<_> = list

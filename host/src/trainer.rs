@@ -16,7 +16,7 @@ use crate::runtime::output::{OutputSink, TerminalOutput};
 use crate::runtime::{
     GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
 };
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageOptions, is_object_store};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The storage used when none is given, as in Ray's `~/ray_results`.
@@ -220,6 +220,9 @@ pub struct RunConfig {
     /// If a run of this name exists: `false` (default) continues it,
     /// `true` deletes it and starts over.
     pub fresh: bool,
+    /// Endpoint, credentials, retries and timeouts for object stores
+    /// (also used to read `resume_from`).
+    pub storage_options: StorageOptions,
 }
 
 impl Default for RunConfig {
@@ -232,6 +235,7 @@ impl Default for RunConfig {
             report_timeout: DEFAULT_REPORT_TIMEOUT,
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
             fresh: false,
+            storage_options: StorageOptions::default(),
         }
     }
 }
@@ -338,6 +342,13 @@ impl TrainerBuilder {
             )));
         }
         let retention = self.run.checkpoint_config.retention()?;
+        if !self.run.storage_options.options.is_empty() && !is_object_store(&self.run.storage_path)
+        {
+            return Err(Error::InvalidConfig(format!(
+                "storage options apply to object stores (s3://, gs://, az://), not to {}",
+                self.run.storage_path
+            )));
+        }
         Ok(Trainer {
             retention,
             guest: self.guest,
@@ -434,7 +445,8 @@ impl Trainer {
             .clone()
             .unwrap_or_else(|| default_run_name(&self.guest));
         let world_size = self.scaling.num_workers;
-        let storage = Storage::open(&self.run.storage_path)?;
+        let storage = Storage::open(&self.run.storage_path, &self.run.storage_options)?;
+        rt.block_on(storage.probe())?;
         let run_storage = storage.child(&run_name);
         let config_json = serde_json::to_string(&self.config).expect("JSON values serialize");
         let fingerprint = hex::encode(Sha256::digest(config_json.as_bytes()));
@@ -450,7 +462,9 @@ impl Trainer {
             rt.handle().clone(),
         ))?);
         let resume_from = match &self.resume_from {
-            Some(location) => Some(rt.block_on(Checkpoint::open_async(location))?),
+            Some(location) => {
+                Some(rt.block_on(Checkpoint::open_async(location, &self.run.storage_options))?)
+            }
             None => None,
         };
 

@@ -17,7 +17,7 @@ pub use ledger::{CheckpointRecord, ReportRecord};
 pub(crate) use ledger::{Ledger, LedgerOptions, ReportRefused};
 pub use manifest::{FileEntry, Manifest};
 pub(crate) use restore::RestoreCache;
-pub use restore::{Checkpoint, CheckpointDir, committed_checkpoints};
+pub use restore::{Checkpoint, CheckpointDir, committed_checkpoints, committed_checkpoints_with};
 pub(crate) use retention::Retention;
 pub use retention::ScoreOrder;
 pub(crate) use session::Session;

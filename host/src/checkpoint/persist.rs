@@ -40,6 +40,12 @@ pub(crate) async fn persist(
     captures: &[Capture],
 ) -> Result<Vec<FileEntry>, PersistError> {
     let plan = merge(captures)?;
+    let total = plan.iter().map(|p| p.size).sum();
+    let meter = dest.meter(
+        total,
+        format!("↑ {}", dest.url().rsplit('/').next().unwrap_or_default()),
+    );
+    let meter = &meter;
     let uploads = plan.into_iter().map(|p| async move {
         let file = p
             .source
@@ -52,7 +58,7 @@ pub(crate) async fn persist(
             })?
             .into_std();
         let sha256 = dest
-            .upload_file(p.path, tokio::fs::File::from_std(file), p.size)
+            .upload_file(p.path, tokio::fs::File::from_std(file), p.size, meter)
             .await?;
         Ok::<_, Error>(FileEntry {
             path: p.path.to_owned(),
@@ -66,6 +72,7 @@ pub(crate) async fn persist(
         .try_collect()
         .await
         .map_err(PersistError::Failed)?;
+    meter.finish();
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(entries)
 }

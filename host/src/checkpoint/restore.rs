@@ -12,7 +12,7 @@ use cap_std::fs::Dir;
 use futures::{StreamExt, TryStreamExt};
 
 use super::manifest::{self, Manifest};
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageOptions};
 use crate::{Error, Metrics};
 
 /// How many files are downloaded or verified at once.
@@ -38,15 +38,22 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Open the committed checkpoint at `location` (a directory or a
     /// storage URL of a `checkpoint_NNNNNN` directory). Fails unless its
-    /// manifest exists and is readable. Blocks; from async code use
-    /// [`Checkpoint::open_async`].
+    /// manifest exists and is readable. Object stores are configured from
+    /// the environment; see [`Checkpoint::open_with`] for more. Blocks;
+    /// from async code use [`Checkpoint::open_async`].
     pub fn open(location: &str) -> Result<Self, Error> {
-        block_on(Self::open_async(location))
+        Self::open_with(location, &StorageOptions::default())
     }
 
-    /// [`Checkpoint::open`] for async callers.
-    pub async fn open_async(location: &str) -> Result<Self, Error> {
-        Self::load(Storage::open(location.trim_end_matches('/'))?).await
+    /// [`Checkpoint::open`] with storage options (endpoint, credentials,
+    /// retries).
+    pub fn open_with(location: &str, options: &StorageOptions) -> Result<Self, Error> {
+        block_on(Self::open_async(location, options))
+    }
+
+    /// [`Checkpoint::open_with`] for async callers.
+    pub async fn open_async(location: &str, options: &StorageOptions) -> Result<Self, Error> {
+        Self::load(Storage::open(location.trim_end_matches('/'), options)?).await
     }
 
     pub(crate) async fn load(storage: Storage) -> Result<Self, Error> {
@@ -214,7 +221,15 @@ impl Checkpoint {
             source,
         })?;
         let dir = &dir;
-        futures::stream::iter(&self.manifest.files)
+        let meter = self.storage.meter(
+            self.manifest.total_bytes(),
+            format!(
+                "↓ {}",
+                self.location().rsplit('/').next().unwrap_or_default()
+            ),
+        );
+        let meter = &meter;
+        let result = futures::stream::iter(&self.manifest.files)
             .map(|f| async move {
                 let shown = root.join(&f.path);
                 let io = |source| Error::Io {
@@ -228,13 +243,15 @@ impl Checkpoint {
                 let file = dir.create(&f.path).map_err(io)?.into_std();
                 let (size, sha) = self
                     .storage
-                    .download_to(&f.path, tokio::fs::File::from_std(file), &shown)
+                    .download_to(&f.path, tokio::fs::File::from_std(file), &shown, meter)
                     .await?;
                 self.check(&f.path, f.size, &f.sha256, size, &sha)
             })
             .buffer_unordered(CONCURRENT_FILES)
             .try_collect::<()>()
-            .await
+            .await;
+        meter.finish();
+        result
     }
 }
 
@@ -385,8 +402,17 @@ impl RestoreCache {
 /// # Ok::<(), trainhost::Error>(())
 /// ```
 pub fn committed_checkpoints(run_location: &str) -> Result<Vec<Checkpoint>, Error> {
+    committed_checkpoints_with(run_location, &StorageOptions::default())
+}
+
+/// [`committed_checkpoints`] with storage options (endpoint, credentials,
+/// retries).
+pub fn committed_checkpoints_with(
+    run_location: &str,
+    options: &StorageOptions,
+) -> Result<Vec<Checkpoint>, Error> {
     block_on(async {
-        let storage = Storage::open(run_location.trim_end_matches('/'))?;
+        let storage = Storage::open(run_location.trim_end_matches('/'), options)?;
         let Some(state) = storage.get(manifest::RUN_STATE).await? else {
             return Err(Error::InvalidConfig(format!(
                 "{} holds no trainhost run (no {}); give the run's directory, <storage>/<run name>",

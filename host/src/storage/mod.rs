@@ -19,7 +19,14 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub use backends::StorageOptions;
+
 use crate::Error;
+
+mod backends;
+mod progress;
+
+pub(crate) use progress::Meter;
 
 /// Files up to this size go up in one request; larger ones as multipart
 /// uploads of parts this size. Memory per file in flight is bounded by
@@ -35,27 +42,33 @@ pub struct Storage {
     store: Arc<dyn ObjectStore>,
     root: ObjectPath,
     url: String,
+    /// Whether transfers draw progress bars.
+    progress: bool,
 }
 
 impl Storage {
     /// Open a storage location.
     ///
     /// Accepts a plain directory path (created if missing), a `file://` URL,
-    /// `memory://` (a fresh in-memory store, for tests), or a URL whose
-    /// scheme `object_store` supports in this build.
-    pub fn open(location: &str) -> Result<Self, Error> {
+    /// `memory://` (a fresh in-memory store, for tests), or an `s3://`,
+    /// `gs://` or `az://` (`abfs://`, `abfss://`, `azure://`) URL,
+    /// configured from the environment and `options` (which local and
+    /// memory locations ignore).
+    pub fn open(location: &str, options: &StorageOptions) -> Result<Self, Error> {
         if location.is_empty() {
             return Err(Error::InvalidConfig(
                 "storage location is empty; give a directory or a URL such as file:///data/runs"
                     .into(),
             ));
         }
+        let is_cloud = is_object_store(location);
         if location == "memory://" || location.starts_with("memory:///") {
             let prefix = location.trim_start_matches("memory://").trim_matches('/');
             return Ok(Self {
                 store: Arc::new(InMemory::new()),
                 root: ObjectPath::from(prefix),
                 url: format!("memory:///{prefix}"),
+                progress: false,
             });
         }
         if let Some(rest) = location.strip_prefix("file://") {
@@ -67,28 +80,51 @@ impl Storage {
                     "storage URL {location:?} is not an absolute local path (write file:///abs/path, got file://{rest})"
                 ))
             })?;
-            return Self::local(&path);
+            return Self::local(&path, options.progress);
         }
-        if location.contains("://") {
+        if is_cloud {
             let url = url::Url::parse(location).map_err(|e| {
                 Error::InvalidConfig(format!("storage URL {location:?} is not a valid URL: {e}"))
             })?;
-            let (store, root) = object_store::parse_url(&url).map_err(|e| {
-                Error::InvalidConfig(format!(
-                    "storage URL {location:?} is not supported: {e}; use a local directory, file://, or memory://"
-                ))
-            })?;
+            let (store, root) = backends::cloud(location, &url, options)?;
             return Ok(Self {
-                store: Arc::from(store),
+                store,
                 root,
                 url: location.trim_end_matches('/').to_owned(),
+                progress: options.progress,
             });
         }
-        Self::local(Path::new(location))
+        Self::local(Path::new(location), options.progress)
+    }
+
+    /// Check that the location answers and can be written, so that missing
+    /// credentials, a wrong endpoint or a missing bucket show before any
+    /// rank starts: write, read back and delete a small object.
+    pub async fn probe(&self) -> Result<(), Error> {
+        const PROBE: &str = ".trainhost-probe";
+        let hint = |e: Error| match e {
+            Error::Storage {
+                url,
+                operation,
+                source,
+            } => Error::Storage {
+                url,
+                operation: format!(
+                    "{operation} (checking the storage before starting: is the bucket there, the endpoint right, are the credentials valid?)"
+                ),
+                source,
+            },
+            other => other,
+        };
+        self.put(PROBE, Bytes::from_static(b"trainhost"))
+            .await
+            .map_err(hint)?;
+        self.get(PROBE).await.map_err(hint)?;
+        self.delete(PROBE).await.map_err(hint)
     }
 
     /// A local directory, created if missing.
-    fn local(dir: &Path) -> Result<Self, Error> {
+    fn local(dir: &Path, progress: bool) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|source| Error::Io {
             path: dir.to_path_buf(),
             operation: "create the storage directory",
@@ -107,6 +143,7 @@ impl Storage {
             store: Arc::new(store),
             root: ObjectPath::default(),
             url: abs.display().to_string(),
+            progress,
         })
     }
 
@@ -122,7 +159,14 @@ impl Storage {
             store: Arc::clone(&self.store),
             root,
             url,
+            progress: self.progress,
         }
+    }
+
+    /// A meter for a transfer of `total` bytes, drawn if this storage was
+    /// opened with progress bars.
+    pub(crate) fn meter(&self, total: u64, what: String) -> Meter {
+        Meter::start(self.progress, total, what)
     }
 
     /// The location as the user would write it (a directory or URL).
@@ -223,6 +267,7 @@ impl Storage {
         relative: &str,
         mut file: tokio::fs::File,
         size: u64,
+        meter: &Meter,
     ) -> Result<String, Error> {
         let location = self.object_path(relative);
         let mut hasher = Sha256::new();
@@ -246,6 +291,7 @@ impl Storage {
                 .put(&location, PutPayload::from(buf))
                 .await
                 .map_err(|e| self.error(format!("upload {relative}"), e))?;
+            meter.inc(read);
         } else {
             let upload = self
                 .store
@@ -271,6 +317,7 @@ impl Storage {
                     return Err(self.error(format!("upload {relative}"), e));
                 }
                 writer.write(&buf[..n]);
+                meter.inc(n as u64);
             }
             if let Err(e) = check_size(relative, size, read) {
                 let _ = writer.abort().await;
@@ -291,6 +338,7 @@ impl Storage {
         relative: &str,
         mut out: tokio::fs::File,
         shown: &Path,
+        meter: &Meter,
     ) -> Result<(u64, String), Error> {
         let io_err = |source| Error::Io {
             path: shown.to_path_buf(),
@@ -304,6 +352,7 @@ impl Storage {
             let chunk = chunk.map_err(|e| self.error(format!("download {relative}"), e))?;
             hasher.update(&chunk);
             size += chunk.len() as u64;
+            meter.inc(chunk.len() as u64);
             out.write_all(&chunk).await.map_err(io_err)?;
         }
         out.flush().await.map_err(io_err)?;
@@ -333,6 +382,14 @@ impl Storage {
             .map(|r| r.into_stream())
             .map_err(|e| self.error(format!("read {relative}"), e))
     }
+}
+
+/// Whether `location` names an object store (not a local directory,
+/// `file://` or `memory://`).
+pub fn is_object_store(location: &str) -> bool {
+    location.contains("://")
+        && !location.starts_with("file://")
+        && !location.starts_with("memory://")
 }
 
 fn check_size(relative: &str, expected: u64, read: u64) -> Result<(), Error> {

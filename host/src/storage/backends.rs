@@ -1,0 +1,275 @@
+//! Turning a storage location into an object store: local directories,
+//! `memory://`, and S3, GCS and Azure by URL.
+//!
+//! Cloud stores are configured the way object_store's builders read them:
+//! from the environment (`AWS_*`, `GOOGLE_*`, `AZURE_*`) and then from the
+//! user's key=value options, which win. Every request is retried with
+//! backoff and bounded by timeouts (see [`StorageOptions`]).
+//!
+//! Without credentials, object_store's builders fall back to the cloud's
+//! instance metadata service. trainhost refuses that by default, with an
+//! error saying which credentials to set: a laptop would otherwise spend
+//! minutes retrying an address that does not answer before training starts.
+//! On a cloud machine whose role should be used, say so with the option
+//! `instance_metadata=true`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+use object_store::path::Path as ObjectPath;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreScheme, RetryConfig};
+
+use crate::Error;
+
+/// The trainhost option that allows credentials from the instance metadata
+/// service.
+const INSTANCE_METADATA: &str = "instance_metadata";
+
+/// How to reach a storage location beyond its URL.
+///
+/// ```
+/// use std::time::Duration;
+/// use trainhost::StorageOptions;
+///
+/// // An S3-compatible server with static keys:
+/// let options = StorageOptions {
+///     options: vec![
+///         ("aws_endpoint".into(), "http://127.0.0.1:9000".into()),
+///         ("aws_allow_http".into(), "true".into()),
+///         ("aws_region".into(), "us-east-1".into()),
+///     ],
+///     retry_timeout: Duration::from_secs(60),
+///     ..StorageOptions::default()
+/// };
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageOptions {
+    /// `key=value` settings for the object store, on top of the
+    /// environment: object_store's config keys for the URL's scheme
+    /// (`aws_endpoint`, `aws_region`, `google_service_account`,
+    /// `azure_storage_account_name`, ... and client keys such as
+    /// `allow_http`), plus trainhost's `instance_metadata=true`.
+    pub options: Vec<(String, String)>,
+    /// How many times a failed request is retried. Default 10.
+    pub max_retries: usize,
+    /// How long a request keeps being retried in all. Default 3 minutes.
+    pub retry_timeout: Duration,
+    /// How long one request may take. Default 30 seconds.
+    pub request_timeout: Duration,
+    /// How long connecting may take. Default 5 seconds.
+    pub connect_timeout: Duration,
+    /// Draw progress bars for checkpoint uploads and restores on stderr
+    /// when it is a terminal. Default off (the CLI turns it on).
+    pub progress: bool,
+}
+
+impl Default for StorageOptions {
+    fn default() -> Self {
+        Self {
+            options: Vec::new(),
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(180),
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            progress: false,
+        }
+    }
+}
+
+impl StorageOptions {
+    fn retry(&self) -> RetryConfig {
+        RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: self.max_retries,
+            retry_timeout: self.retry_timeout,
+        }
+    }
+
+    fn client(&self) -> ClientOptions {
+        ClientOptions::new()
+            .with_timeout(self.request_timeout)
+            .with_connect_timeout(self.connect_timeout)
+    }
+
+    /// The user's options without trainhost's own, and whether instance
+    /// metadata credentials are allowed.
+    fn split(&self) -> Result<(Vec<(String, String)>, bool), Error> {
+        let mut metadata = false;
+        let mut rest = Vec::new();
+        for (k, v) in &self.options {
+            if k == INSTANCE_METADATA {
+                metadata = v.parse().map_err(|_| {
+                    Error::InvalidConfig(format!("storage option {k}={v}: give true or false"))
+                })?;
+            } else {
+                rest.push((k.clone(), v.clone()));
+            }
+        }
+        Ok((rest, metadata))
+    }
+}
+
+/// Whether any of `names` is set, as an option (case-insensitive key) or
+/// an environment variable (upper case).
+fn given(options: &[(String, String)], names: &[&str]) -> bool {
+    names.iter().any(|n| {
+        options
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case(n) && !v.is_empty())
+            || std::env::var(n.to_ascii_uppercase()).is_ok_and(|v| !v.is_empty())
+    })
+}
+
+fn option_error(url: &str, key: &str, e: impl std::fmt::Display) -> Error {
+    Error::InvalidConfig(format!(
+        "storage option {key:?} is not valid for {url}: {e}"
+    ))
+}
+
+fn build_error(url: &str, e: object_store::Error) -> Error {
+    Error::InvalidConfig(format!("storage {url}: {e}"))
+}
+
+fn missing_credentials(url: &str, what: &str) -> Error {
+    Error::InvalidConfig(format!(
+        "storage {url}: no credentials found; {what}. On a cloud machine whose role should be used, pass the storage option {INSTANCE_METADATA}=true"
+    ))
+}
+
+/// The object store and root path of a cloud URL.
+pub(super) fn cloud(
+    location: &str,
+    url: &url::Url,
+    options: &StorageOptions,
+) -> Result<(Arc<dyn ObjectStore>, ObjectPath), Error> {
+    let (scheme, path) = ObjectStoreScheme::parse(url).map_err(|e| {
+        Error::InvalidConfig(format!(
+            "storage URL {location:?} is not supported: {e}; use a local directory, file://, memory://, s3://, gs:// or az://"
+        ))
+    })?;
+    let (pairs, metadata) = options.split()?;
+    let store: Arc<dyn ObjectStore> = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let mut b = AmazonS3Builder::from_env()
+                .with_url(url.as_str())
+                .with_retry(options.retry())
+                .with_client_options(options.client());
+            for (k, v) in &pairs {
+                let key: AmazonS3ConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
+                b = b.with_config(key, v);
+            }
+            let has = given(
+                &pairs,
+                &[
+                    "aws_access_key_id",
+                    "access_key_id",
+                    "aws_web_identity_token_file",
+                    "aws_container_credentials_relative_uri",
+                    "aws_container_credentials_full_uri",
+                ],
+            ) || given(&pairs, &["aws_skip_signature", "skip_signature"]);
+            if !has && !metadata {
+                return Err(missing_credentials(
+                    location,
+                    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary keys), or the storage options aws_access_key_id and aws_secret_access_key",
+                ));
+            }
+            Arc::new(b.build().map_err(|e| build_error(location, e))?)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let mut b = GoogleCloudStorageBuilder::from_env()
+                .with_url(url.as_str())
+                .with_retry(options.retry())
+                .with_client_options(options.client());
+            for (k, v) in &pairs {
+                let key: GoogleConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
+                b = b.with_config(key, v);
+            }
+            let adc = std::env::var_os("HOME")
+                .map(|h| {
+                    std::path::Path::new(&h)
+                        .join(".config/gcloud/application_default_credentials.json")
+                })
+                .is_some_and(|p| p.exists());
+            let has = adc
+                || given(
+                    &pairs,
+                    &[
+                        "google_service_account",
+                        "google_service_account_path",
+                        "service_account",
+                        "google_service_account_key",
+                        "service_account_key",
+                        "google_application_credentials",
+                        "application_credentials",
+                        "google_bearer_token",
+                        "bearer_token",
+                        "google_skip_signature",
+                        "skip_signature",
+                    ],
+                );
+            if !has && !metadata {
+                return Err(missing_credentials(
+                    location,
+                    "set GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT to a service account key file (or run `gcloud auth application-default login`)",
+                ));
+            }
+            Arc::new(b.build().map_err(|e| build_error(location, e))?)
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            let mut b = MicrosoftAzureBuilder::from_env()
+                .with_url(url.as_str())
+                .with_retry(options.retry())
+                .with_client_options(options.client());
+            for (k, v) in &pairs {
+                let key: AzureConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
+                b = b.with_config(key, v);
+            }
+            let has = given(
+                &pairs,
+                &[
+                    "azure_storage_account_key",
+                    "azure_storage_access_key",
+                    "account_key",
+                    "access_key",
+                    "azure_storage_sas_key",
+                    "azure_storage_sas_token",
+                    "sas_key",
+                    "sas_token",
+                    "azure_storage_token",
+                    "bearer_token",
+                    "token",
+                    "azure_client_secret",
+                    "client_secret",
+                    "azure_federated_token_file",
+                    "federated_token_file",
+                    "azure_use_azure_cli",
+                    "use_azure_cli",
+                    "azure_storage_use_emulator",
+                    "use_emulator",
+                    "azure_skip_signature",
+                    "skip_signature",
+                ],
+            );
+            if !has && !metadata {
+                return Err(missing_credentials(
+                    location,
+                    "set AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_TOKEN, or a client secret) with AZURE_STORAGE_ACCOUNT_NAME, or use_azure_cli=true",
+                ));
+            }
+            Arc::new(b.build().map_err(|e| build_error(location, e))?)
+        }
+        ObjectStoreScheme::Local | ObjectStoreScheme::Memory => {
+            unreachable!("local and memory locations are opened before this")
+        }
+        other => {
+            return Err(Error::InvalidConfig(format!(
+                "storage URL {location:?} ({other:?}) is not supported; use a local directory, file://, memory://, s3://, gs:// or az://"
+            )));
+        }
+    };
+    Ok((store, path))
+}
