@@ -510,7 +510,19 @@ impl Trainer {
             let Some(failure) = failure else {
                 break preempted;
             };
-            let total = ledger.record_failure(&failure)?;
+            let total = match ledger.record_failure(&failure) {
+                Ok(total) => total,
+                Err(e) => {
+                    // Storage is failing as well; a restart could not
+                    // commit anything either. Committed checkpoints stay.
+                    tracing::error!(
+                        "cannot record the failure in storage ({}); not restarting",
+                        crate::error::chain(&e)
+                    );
+                    error = Some(failure);
+                    break preempted;
+                }
+            };
             if preempted || (max_failures != -1 && total as i64 > max_failures) {
                 error = Some(failure);
                 break preempted;
@@ -684,8 +696,16 @@ async fn collect_result(
     let (ranked, history, failures) = ledger.snapshot();
     let mut best = Vec::with_capacity(ranked.len());
     for record in &ranked {
-        let checkpoint = Checkpoint::load(ledger.storage().child(&record.dir_name())).await?;
-        best.push((checkpoint, record.metrics.clone()));
+        match Checkpoint::load(ledger.storage().child(&record.dir_name())).await {
+            Ok(checkpoint) => best.push((checkpoint, record.metrics.clone())),
+            // The run's outcome matters more than this listing; storage
+            // that just failed may still be failing.
+            Err(e) => tracing::warn!(
+                "checkpoint {} is committed but could not be read back for the result: {}",
+                record.dir_name(),
+                crate::error::chain(&e)
+            ),
+        }
     }
     let checkpoint = best
         .iter()

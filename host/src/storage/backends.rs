@@ -145,6 +145,16 @@ pub(super) fn cloud(
     url: &url::Url,
     options: &StorageOptions,
 ) -> Result<(Arc<dyn ObjectStore>, ObjectPath), Error> {
+    if matches!(
+        url.scheme(),
+        "s3" | "s3a" | "gs" | "az" | "azure" | "abfs" | "abfss"
+    ) && url.host_str().is_none_or(str::is_empty)
+    {
+        return Err(Error::InvalidConfig(format!(
+            "storage URL {location:?} names no bucket or container; write {}://BUCKET/PREFIX",
+            url.scheme()
+        )));
+    }
     let (scheme, path) = ObjectStoreScheme::parse(url).map_err(|e| {
         Error::InvalidConfig(format!(
             "storage URL {location:?} is not supported: {e}; use a local directory, file://, memory://, s3://, gs:// or az://"

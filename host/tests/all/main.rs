@@ -2,6 +2,7 @@
 //! (`tests/guests`, `examples/linear-regression`), real storage, real traps.
 
 mod cli;
+mod cloud;
 mod escape;
 mod example;
 mod failures;
@@ -11,4 +12,5 @@ mod report;
 mod restore;
 mod resume;
 mod retention;
+mod servers;
 mod util;
