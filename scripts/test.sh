@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Run every test: unit tests, the integration tests (which compile the test
-# guests and the example from source for wasm32-wasip2), the embedding
-# example's test and the doc tests.
+# guests and the example from source for wasm32-wasip2, and start S3, GCS
+# and Azure emulators on loopback), the embedding example's test and the doc
+# tests. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # A rust-toolchain.toml does not add targets to an installed toolchain.
 rustup target add wasm32-wasip2
+
+# Storage server tests skip (saying so) when the servers cannot be
+# installed; CI sets TRAINHOST_REQUIRE_STORAGE_SERVERS=1 to fail instead.
+if servers=$(scripts/install-test-servers.sh); then
+    eval "$servers"
+else
+    echo "warning: could not install the storage test servers; their tests will be skipped" >&2
+fi
+
+# Cloud clients must never reach for real credentials or metadata services.
+export AWS_EC2_METADATA_DISABLED=true
 
 cargo test "$@"

@@ -45,6 +45,7 @@ mod preemption;
 mod result;
 mod runtime;
 mod storage;
+mod sync;
 mod trainer;
 
 pub use checkpoint::{
@@ -57,6 +58,7 @@ pub use preemption::Preemption;
 pub use result::{FailureKind, RunFailure, TrainResult};
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
 pub use storage::StorageOptions;
+pub use sync::{DEFAULT_SYNC_PERIOD, SyncConfig};
 pub use trainer::{
     CheckpointConfig, DEFAULT_PREEMPTION_GRACE, DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE,
     FailureConfig, GuestSource, RunConfig, ScalingConfig, ScoreOrder, Trainer, TrainerBuilder,

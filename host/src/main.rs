@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use trainhost::{
-    CheckpointConfig, FailureConfig, Preemption, RunConfig, ScalingConfig, StorageOptions, Trainer,
+    CheckpointConfig, FailureConfig, Preemption, RunConfig, ScalingConfig, StorageOptions,
+    SyncConfig, Trainer,
 };
 
 /// Run training loops compiled to WebAssembly components as sandboxed
@@ -27,7 +28,7 @@ enum Command {
     /// $TMPDIR), the run's config, and the trainhost imports. Reported
     /// checkpoints are committed to <STORAGE>/<NAME>/checkpoint_NNNNNN.
     /// Running again with the same --storage and --name continues the run.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List a run's retained checkpoints, best first, with their metrics;
     /// the latest is marked with `*`.
     Checkpoints(CheckpointsArgs),
@@ -122,6 +123,33 @@ struct RunArgs {
 
     #[command(flatten)]
     storage_flags: StorageFlags,
+
+    /// Mirror the run directory to --sync-to with this command (Ray Tune's
+    /// custom syncer), with {source} and {target} placeholders, e.g.
+    /// "aws s3 sync {source} {target}". It runs after reports (at most once
+    /// per --sync-period) and when the run ends; when the local run is
+    /// missing at start it runs the other way round to restore it. Local
+    /// storage only.
+    #[arg(
+        long,
+        value_name = "COMMAND",
+        requires = "sync_to",
+        help_heading = "Sync"
+    )]
+    sync_command: Option<String>,
+
+    /// Where --sync-command mirrors runs; the run goes to TARGET/NAME.
+    #[arg(
+        long,
+        value_name = "TARGET",
+        requires = "sync_command",
+        help_heading = "Sync"
+    )]
+    sync_to: Option<String>,
+
+    /// At most one sync per period while the run goes on.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration, help_heading = "Sync")]
+    sync_period: Duration,
 
     /// No progress bars and no informational logs (warnings and errors
     /// still show; RUST_LOG overrides).
@@ -220,7 +248,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let outcome = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Checkpoints(args) => checkpoints(args),
     };
     match outcome {
@@ -288,6 +316,14 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             preemption_grace: args.grace_period,
             fresh: args.fresh,
             storage_options: args.storage_flags.options(!args.quiet),
+            sync: args
+                .sync_command
+                .zip(args.sync_to)
+                .map(|(command, target)| SyncConfig {
+                    command,
+                    target,
+                    period: args.sync_period,
+                }),
         });
     if let Some(location) = args.resume_from {
         builder = builder.resume_from_checkpoint(location);

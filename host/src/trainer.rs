@@ -17,6 +17,7 @@ use crate::runtime::{
     GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
 };
 use crate::storage::{Storage, StorageOptions, is_object_store};
+use crate::sync::{SyncConfig, Syncer};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The storage used when none is given, as in Ray's `~/ray_results`.
@@ -223,6 +224,10 @@ pub struct RunConfig {
     /// Endpoint, credentials, retries and timeouts for object stores
     /// (also used to read `resume_from`).
     pub storage_options: StorageOptions,
+    /// Mirror the run directory (local storage only) to a target with an
+    /// external command, and restore from it when the local copy is
+    /// missing.
+    pub sync: Option<SyncConfig>,
 }
 
 impl Default for RunConfig {
@@ -236,6 +241,7 @@ impl Default for RunConfig {
             preemption_grace: DEFAULT_PREEMPTION_GRACE,
             fresh: false,
             storage_options: StorageOptions::default(),
+            sync: None,
         }
     }
 }
@@ -342,6 +348,17 @@ impl TrainerBuilder {
             )));
         }
         let retention = self.run.checkpoint_config.retention()?;
+        if let Some(sync) = &self.run.sync {
+            sync.validate()?;
+            if is_object_store(&self.run.storage_path)
+                || self.run.storage_path.starts_with("memory://")
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "a sync command mirrors a local run directory; storage {} is not local (sync to it directly, or use a local directory)",
+                    self.run.storage_path
+                )));
+            }
+        }
         if !self.run.storage_options.options.is_empty() && !is_object_store(&self.run.storage_path)
         {
             return Err(Error::InvalidConfig(format!(
@@ -447,6 +464,10 @@ impl Trainer {
         let world_size = self.scaling.num_workers;
         let storage = Storage::open(&self.run.storage_path, &self.run.storage_options)?;
         rt.block_on(storage.probe())?;
+        let local_run_dir = storage.local_path().map(|p| p.join(&run_name));
+        if let (Some(sync), Some(dir)) = (&self.run.sync, &local_run_dir) {
+            crate::sync::restore_if_missing(sync, dir, &run_name);
+        }
         let run_storage = storage.child(&run_name);
         let config_json = serde_json::to_string(&self.config).expect("JSON values serialize");
         let fingerprint = hex::encode(Sha256::digest(config_json.as_bytes()));
@@ -498,6 +519,15 @@ impl Trainer {
             handle: rt.handle().clone(),
         };
         tracing::info!(run = %run_storage.url(), ranks = world_size, "starting run");
+        let syncer = match (&self.run.sync, local_run_dir) {
+            (Some(sync), Some(dir)) => {
+                let ledger = Arc::clone(&ledger);
+                Some(Syncer::start(sync.clone(), dir, &run_name, move || {
+                    ledger.generation()
+                }))
+            }
+            _ => None,
+        };
 
         let max_failures = self.run.failure_config.max_failures;
         let mut error = None;
@@ -536,6 +566,16 @@ impl Trainer {
                 "failure {total} ({budget}): {failure}; restarting every rank from the latest committed checkpoint"
             );
         };
+        if let Some(syncer) = syncer
+            && let Err(message) = syncer.finish()
+        {
+            tracing::error!("{message}");
+            error.get_or_insert(crate::RunFailure {
+                rank: None,
+                kind: crate::FailureKind::Storage,
+                message,
+            });
+        }
         if preempted {
             tracing::warn!(run = %run_storage.url(), "the run stopped early on request; run it again with the same name to resume");
         }

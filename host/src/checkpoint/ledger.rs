@@ -274,6 +274,13 @@ impl Ledger {
         &self.storage
     }
 
+    /// A number that changes whenever the run writes to storage (a report
+    /// or a failure).
+    pub fn generation(&self) -> u64 {
+        let inner = self.lock();
+        inner.state.reports + inner.state.failures.len() as u64
+    }
+
     /// The retention policy.
     pub fn retention(&self) -> &Retention {
         &self.retention

@@ -207,6 +207,14 @@ fn help_explains_every_flag() {
         "--max-failures",
         "--grace-period",
         "--fresh",
+        "--storage-option",
+        "--storage-retries",
+        "--storage-retry-timeout",
+        "--storage-timeout",
+        "--sync-command",
+        "--sync-to",
+        "--sync-period",
+        "--quiet",
     ] {
         assert!(stdout.contains(flag), "{flag} missing from:\n{stdout}");
     }

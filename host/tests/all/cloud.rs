@@ -474,3 +474,129 @@ fn cloud_storage_mistakes_get_one_clear_error_each_before_training() {
         );
     }
 }
+
+/// Copies the run directory as `aws s3 sync` would, with local tools.
+const COPY_SYNC: &str = "mkdir -p {target} && cp -R {source}/. {target}/";
+
+#[test]
+fn a_sync_command_mirrors_the_run_and_restores_it_when_the_local_copy_is_gone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mirror = tmp.path().join("mirror");
+    let config = serde_json::json!({"steps": [
+        {"print_checkpoint": true},
+        {"write": "c/w", "text": "state"},
+        {"report": {"step": 1}, "checkpoint": "c"},
+    ]})
+    .to_string();
+    let args = |period: &str| {
+        vec![
+            "run".to_owned(),
+            TEST_GUEST.to_owned(),
+            "--config".into(),
+            config.clone(),
+            "--name".into(),
+            "synced".into(),
+            "--sync-command".into(),
+            COPY_SYNC.into(),
+            "--sync-to".into(),
+            mirror.display().to_string(),
+            "--sync-period".into(),
+            period.into(),
+        ]
+    };
+    let run = |period: &str| {
+        let a = args(period);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_trainhost"))
+            .args(&a)
+            .current_dir(tmp.path())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (status, _, stderr) = run("1s");
+    assert!(status.success(), "{stderr}");
+    let local = tmp.path().join("trainhost_results/synced");
+    let mirrored = mirror.join("synced");
+    assert_eq!(
+        files(&mirrored.join("checkpoint_000000")),
+        files(&local.join("checkpoint_000000"))
+    );
+    assert!(
+        mirrored
+            .join("checkpoint_000000/.trainhost/manifest.json")
+            .exists()
+    );
+    trainhost::Checkpoint::open(mirrored.join("checkpoint_000000").to_str().unwrap())
+        .unwrap()
+        .verify()
+        .unwrap();
+
+    // The machine is gone; a new one restores from the mirror and resumes.
+    std::fs::remove_dir_all(tmp.path().join("trainhost_results")).unwrap();
+    let (status, stdout, stderr) = run("1s");
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stdout.contains("[rank 0] checkpoint: /checkpoints/checkpoint_000000"),
+        "{stdout}"
+    );
+    assert!(
+        local.join("checkpoint_000001").exists(),
+        "numbering continued after the restore"
+    );
+}
+
+#[test]
+fn a_failing_sync_command_is_reported_with_its_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trainhost"))
+        .args([
+            "run",
+            TEST_GUEST,
+            "--name",
+            "s",
+            "--sync-command",
+            "echo quota exceeded >&2; exit 4 # {source} {target}",
+            "--sync-to",
+            "/nowhere",
+        ])
+        .current_dir(tmp.path())
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: the run failed: sync command"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("quota exceeded") && stderr.contains("exit status: 4"),
+        "{stderr}"
+    );
+
+    for (command, expected) in [
+        ("aws s3 sync {source}", "needs the placeholder {target}"),
+        ("cp {src} {target}", "unknown placeholder {src}"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_trainhost"))
+            .args([
+                "run",
+                TEST_GUEST,
+                "--sync-command",
+                command,
+                "--sync-to",
+                "/x",
+            ])
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+}

@@ -1,0 +1,245 @@
+//! Mirroring a local run directory to a remote target with the user's own
+//! command, as Ray Tune's custom syncer does (`aws s3 sync {source}
+//! {target}`, `rsync -a {source}/ {target}/`, `gsutil -m rsync -r ...`).
+//!
+//! The command runs through `sh -c` with `{source}` and `{target}` replaced
+//! by shell-quoted paths: after reports, at most once per period, and once
+//! more when the run ends. When the local run directory is missing at
+//! start, it runs once the other way round to restore it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::Error;
+
+/// Mirror the run directory to a target with an external command (Ray
+/// Tune's custom syncer).
+///
+/// ```
+/// use std::time::Duration;
+/// let sync = trainhost::SyncConfig {
+///     command: "aws s3 sync {source} {target}".into(),
+///     target: "s3://bucket/runs".into(),
+///     period: Duration::from_secs(300),
+/// };
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncConfig {
+    /// The command, with `{source}` and `{target}` placeholders.
+    pub command: String,
+    /// Where runs are mirrored; the run's directory is `<target>/<run>`.
+    pub target: String,
+    /// At most one sync per period while the run goes on (default 5
+    /// minutes); the run always syncs once more at the end.
+    pub period: Duration,
+}
+
+/// The default [`SyncConfig::period`], as Ray Tune's.
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(300);
+
+impl SyncConfig {
+    /// Refuse commands without both placeholders, or with unknown ones.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| {
+            Err(Error::InvalidConfig(format!(
+                "sync command {:?}: {m}",
+                self.command
+            )))
+        };
+        if self.target.is_empty() {
+            return bad("the sync target is empty".into());
+        }
+        let mut rest = self.command.as_str();
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            let Some(close) = after.find('}') else {
+                return bad("has a '{' without '}'".into());
+            };
+            let name = &after[..close];
+            if name != "source" && name != "target" {
+                return bad(format!(
+                    "unknown placeholder {{{name}}}; use {{source}} and {{target}}"
+                ));
+            }
+            rest = &after[close + 1..];
+        }
+        for needed in ["{source}", "{target}"] {
+            if !self.command.contains(needed) {
+                return bad(format!("needs the placeholder {needed}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The command line for one sync from `source` to `target`.
+    fn render(&self, source: &str, target: &str) -> String {
+        self.command
+            .replace("{source}", &shell_quote(source))
+            .replace("{target}", &shell_quote(target))
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Run the command once; the error carries its status and output.
+fn run_once(config: &SyncConfig, source: &str, target: &str) -> Result<(), String> {
+    let line = config.render(source, target);
+    let started = Instant::now();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .output()
+        .map_err(|e| format!("cannot run `sh -c {line}`: {e}"))?;
+    if out.status.success() {
+        tracing::info!(elapsed = ?started.elapsed(), "synced: {line}");
+        return Ok(());
+    }
+    let mut output = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !stdout.is_empty() {
+        output = format!("{stdout}\n{output}");
+    }
+    Err(format!(
+        "sync command `{line}` failed ({}): {output}",
+        out.status
+    ))
+}
+
+/// Restore `local` from `<target>/<run>` when it does not exist yet.
+/// Failing is not fatal: the run may simply be new.
+pub(crate) fn restore_if_missing(config: &SyncConfig, local: &Path, run: &str) {
+    if local.join(crate::checkpoint::manifest::RUN_STATE).exists() {
+        return;
+    }
+    let remote = remote_dir(config, run);
+    match std::fs::create_dir_all(local) {
+        Ok(()) => match run_once(config, &remote, &local.display().to_string()) {
+            Ok(()) => tracing::info!("restored the run from {remote}"),
+            Err(e) => tracing::warn!("nothing restored from {remote} (a new run?): {e}"),
+        },
+        Err(e) => tracing::warn!("cannot create {}: {e}", local.display()),
+    }
+}
+
+fn remote_dir(config: &SyncConfig, run: &str) -> String {
+    format!("{}/{run}", config.target.trim_end_matches('/'))
+}
+
+/// A background thread that mirrors the run directory when it changed, at
+/// most once per period.
+pub(crate) struct Syncer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    config: SyncConfig,
+    source: String,
+    target: String,
+}
+
+impl Syncer {
+    /// Start mirroring `local` (the run directory); `changed` tells whether
+    /// anything was written since the value it returned last time.
+    pub fn start(
+        config: SyncConfig,
+        local: PathBuf,
+        run: &str,
+        changed: impl Fn() -> u64 + Send + 'static,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let source = local.display().to_string();
+        let target = remote_dir(&config, run);
+        let thread = {
+            let (stop, config) = (Arc::clone(&stop), config.clone());
+            let (source, target) = (source.clone(), target.clone());
+            std::thread::Builder::new()
+                .name("trainhost-sync".into())
+                .spawn(move || {
+                    let mut synced = changed();
+                    let mut last = Instant::now();
+                    while !stop.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(50));
+                        let now = changed();
+                        if now != synced && last.elapsed() >= config.period {
+                            // A failed periodic sync is retried at the next
+                            // change and at the end, whose failure counts.
+                            if let Err(e) = run_once(&config, &source, &target) {
+                                tracing::error!("{e}");
+                            }
+                            synced = now;
+                            last = Instant::now();
+                        }
+                    }
+                })
+                .ok()
+        };
+        Self {
+            stop,
+            thread,
+            config,
+            source,
+            target,
+        }
+    }
+
+    /// Stop the thread and sync once more; the error, if that final sync
+    /// failed.
+    pub fn finish(mut self) -> Result<(), String> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        run_once(&self.config, &self.source, &self.target)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(command: &str) -> SyncConfig {
+        SyncConfig {
+            command: command.into(),
+            target: "/remote".into(),
+            period: DEFAULT_SYNC_PERIOD,
+        }
+    }
+
+    #[test]
+    fn placeholders_are_checked() {
+        assert!(config("aws s3 sync {source} {target}").validate().is_ok());
+        for (bad, why) in [
+            ("aws s3 sync {source}", "needs the placeholder {target}"),
+            ("cp {src} {target}", "unknown placeholder {src}"),
+            (
+                "cp {source {target}",
+                "unknown placeholder {source {target}",
+            ),
+            ("cp {source} {target", "'{' without '}'"),
+        ] {
+            let err = config(bad).validate().unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn paths_are_shell_quoted() {
+        let c = config("cp -R {source} {target}");
+        assert_eq!(c.render("/a b", "/it's"), r"cp -R '/a b' '/it'\''s'");
+    }
+
+    #[test]
+    fn a_failing_command_reports_its_output() {
+        let c = config("echo to-stdout; echo to-stderr >&2; exit 3 # {source} {target}");
+        let err = run_once(&c, "/s", "/t").unwrap_err();
+        assert!(err.contains("exit status: 3"), "{err}");
+        assert!(
+            err.contains("to-stdout") && err.contains("to-stderr"),
+            "{err}"
+        );
+    }
+}
