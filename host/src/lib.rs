@@ -56,6 +56,7 @@ pub use error::Error;
 pub use metrics::{MetricValue, Metrics};
 pub use preemption::Preemption;
 pub use result::{FailureKind, RunFailure, TrainResult};
+pub use runtime::limits::ResourceLimits;
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
 pub use storage::StorageOptions;
 pub use sync::{DEFAULT_SYNC_PERIOD, SyncConfig};

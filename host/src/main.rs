@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use trainhost::{
-    CheckpointConfig, FailureConfig, Preemption, RunConfig, ScalingConfig, StorageOptions,
-    SyncConfig, Trainer,
+    CheckpointConfig, FailureConfig, Preemption, ResourceLimits, RunConfig, ScalingConfig,
+    StorageOptions, SyncConfig, Trainer,
 };
 
 /// Run training loops compiled to WebAssembly components as sandboxed
@@ -151,6 +151,30 @@ struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration, help_heading = "Sync")]
     sync_period: Duration,
 
+    /// Linear memory each rank may use, e.g. 512MiB, 2GiB (default: wasm32's
+    /// 4 GiB). Exceeding it fails the rank.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
+    max_memory: Option<u64>,
+
+    /// Fail a rank that neither reports nor prints for this long while not
+    /// waiting for other ranks, e.g. 10m (default: no limit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Limits")]
+    stall_timeout: Option<Duration>,
+
+    /// Fail an attempt that runs longer than this, e.g. 12h (default: no
+    /// limit).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Limits")]
+    attempt_timeout: Option<Duration>,
+
+    /// Output each rank may write per second (stdout and stderr, averaged
+    /// over a few seconds); more fails the rank. 0 for no limit.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size, help_heading = "Limits")]
+    max_output_rate: u64,
+
+    /// Cut longer output lines to this size (marked as cut).
+    #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size, help_heading = "Limits")]
+    max_line: u64,
+
     /// No progress bars and no informational logs (warnings and errors
     /// still show; RUST_LOG overrides).
     #[arg(short, long)]
@@ -228,6 +252,31 @@ fn parse_num_to_keep(s: &str) -> Result<usize, String> {
         )),
         Err(e) => Err(format!("{e}")),
     }
+}
+
+/// A size such as `4096`, `64KiB`, `512MiB`, `2GiB` (K, M, G and KB, MB,
+/// GB are read as binary units too).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; write e.g. 4096, 64KiB, 512MiB or 2GiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?}; use KiB, MiB or GiB"
+            ));
+        }
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -316,6 +365,13 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             preemption_grace: args.grace_period,
             fresh: args.fresh,
             storage_options: args.storage_flags.options(!args.quiet),
+            limits: ResourceLimits {
+                max_memory: args.max_memory,
+                stall_timeout: args.stall_timeout,
+                attempt_timeout: args.attempt_timeout,
+                max_output_rate: (args.max_output_rate > 0).then_some(args.max_output_rate),
+                max_line_bytes: usize::try_from(args.max_line).unwrap_or(usize::MAX),
+            },
             sync: args
                 .sync_command
                 .zip(args.sync_to)
@@ -452,6 +508,20 @@ fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("lots").unwrap_err().contains("not a size"));
+        assert!(
+            parse_size("5 parsecs")
+                .unwrap_err()
+                .contains("unknown size unit")
+        );
+    }
 
     #[test]
     fn cli_definition_is_consistent() {

@@ -41,6 +41,8 @@ pub enum FailureKind {
     Storage,
     /// The checkpoint to resume from could not be restored.
     Restore,
+    /// The rank hit a resource limit (memory, stall, wall clock, output).
+    Limit,
     /// The host itself failed (a bug in trainhost).
     Host,
 }
@@ -54,6 +56,7 @@ impl fmt::Display for RunFailure {
             FailureKind::Protocol => "broke the report protocol",
             FailureKind::Storage => "could not persist a report",
             FailureKind::Restore => "could not restore a checkpoint",
+            FailureKind::Limit => "hit a limit",
             FailureKind::Host => "hit a host error",
         };
         match self.rank {

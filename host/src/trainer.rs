@@ -12,6 +12,7 @@ pub use crate::checkpoint::ScoreOrder;
 use crate::checkpoint::{Checkpoint, Ledger, LedgerOptions, RestoreCache, Retention, Session};
 use crate::preemption::Preemption;
 use crate::result::TrainResult;
+use crate::runtime::limits::ResourceLimits;
 use crate::runtime::output::{OutputSink, TerminalOutput};
 use crate::runtime::{
     GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
@@ -228,6 +229,8 @@ pub struct RunConfig {
     /// external command, and restore from it when the local copy is
     /// missing.
     pub sync: Option<SyncConfig>,
+    /// What each rank may use.
+    pub limits: ResourceLimits,
 }
 
 impl Default for RunConfig {
@@ -242,6 +245,7 @@ impl Default for RunConfig {
             fresh: false,
             storage_options: StorageOptions::default(),
             sync: None,
+            limits: ResourceLimits::default(),
         }
     }
 }
@@ -514,6 +518,7 @@ impl Trainer {
                 config_json: config_json.into(),
                 run_name: run_name.clone().into(),
                 output: Arc::clone(&self.output),
+                limits: self.run.limits.clone(),
             },
             world_size,
             handle: rt.handle().clone(),
@@ -634,7 +639,8 @@ impl Attempt<'_> {
         let ticker = self.guest.start_ticker();
         let done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let watcher = scope.spawn(|| watch_preemption(preemption, grace, &done, &session));
+            let watcher =
+                scope.spawn(|| watch(&session, preemption, grace, &self.shared.limits, &done));
             let handles: Vec<_> = (0..self.world_size)
                 .map(|rank| {
                     let info = RankInfo {
@@ -678,30 +684,57 @@ impl Attempt<'_> {
     }
 }
 
-/// Wait for a stop request; then give the ranks `grace` to finish on
-/// their own before stopping them (at once when the request is forced).
-fn watch_preemption(
+/// Watch an attempt from outside the ranks: a stop request and its grace
+/// period, the attempt's wall-clock limit, and ranks that stall.
+fn watch(
+    session: &Session,
     preemption: &Preemption,
     grace: Duration,
+    limits: &ResourceLimits,
     done: &AtomicBool,
-    session: &Session,
 ) {
     const POLL: Duration = Duration::from_millis(10);
-    while !preemption.is_requested() {
-        if done.load(Ordering::SeqCst) {
-            return;
-        }
-        std::thread::sleep(POLL);
-    }
-    tracing::warn!(
-        "stop requested: ranks have {} to report a final checkpoint (request again to stop at once)",
-        humantime::format_duration(grace)
-    );
-    let deadline = std::time::Instant::now() + grace;
+    let mut stop_at: Option<std::time::Instant> = None;
     while !done.load(Ordering::SeqCst) {
-        if preemption.is_forced() || std::time::Instant::now() >= deadline {
+        if preemption.is_requested() && stop_at.is_none() {
+            tracing::warn!(
+                "stop requested: ranks have {} to report a final checkpoint (request again to stop at once)",
+                humantime::format_duration(grace)
+            );
+            stop_at = Some(std::time::Instant::now() + grace);
+        }
+        if let Some(at) = stop_at
+            && (preemption.is_forced() || std::time::Instant::now() >= at)
+        {
             tracing::warn!("stopping the ranks now; committed checkpoints are intact");
             session.stop();
+            return;
+        }
+        if let Some(limit) = limits.attempt_timeout
+            && session.elapsed() > limit
+        {
+            session.fail(crate::RunFailure {
+                rank: None,
+                kind: crate::FailureKind::Limit,
+                message: format!(
+                    "the attempt exceeded its wall-clock limit of {}",
+                    humantime::format_duration(limit)
+                ),
+            });
+            return;
+        }
+        if let Some(timeout) = limits.stall_timeout
+            && let Some((rank, quiet)) = session.stalled(timeout)
+        {
+            session.fail(crate::RunFailure {
+                rank: Some(rank),
+                kind: crate::FailureKind::Limit,
+                message: format!(
+                    "stalled: no report and no output for {} (stall timeout {})",
+                    humantime::format_duration(Duration::from_millis(quiet.as_millis() as u64)),
+                    humantime::format_duration(timeout)
+                ),
+            });
             return;
         }
         std::thread::sleep(POLL);

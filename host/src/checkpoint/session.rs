@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 
@@ -46,6 +47,14 @@ pub(crate) struct Session {
     /// Once preemption is requested: the number of completed reports after
     /// which every rank sees `preemption-requested` true.
     preempt_after: OnceLock<u64>,
+    started: Instant,
+    /// Per rank: milliseconds after `started` of its last sign of life (a
+    /// report, an output line).
+    alive_at: Vec<AtomicU64>,
+    /// Per rank: waiting for the other ranks inside `report`.
+    waiting: Vec<AtomicBool>,
+    /// Per rank: returned (or failed).
+    ended: Vec<AtomicBool>,
 }
 
 impl Session {
@@ -70,7 +79,42 @@ impl Session {
             aborted: AtomicBool::new(false),
             completed: AtomicU64::new(0),
             preempt_after: OnceLock::new(),
+            started: Instant::now(),
+            alive_at: (0..world_size).map(|_| AtomicU64::new(0)).collect(),
+            waiting: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
+            ended: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
         }
+    }
+
+    /// Rank `rank` showed a sign of life.
+    pub fn touch(&self, rank: u32) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.alive_at[rank as usize].store(now, Ordering::Relaxed);
+    }
+
+    /// Rank `rank` ended; it can no longer stall.
+    pub fn ended(&self, rank: u32) {
+        self.ended[rank as usize].store(true, Ordering::Relaxed);
+    }
+
+    /// How long this attempt has run.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// A rank that has shown no sign of life for longer than `timeout`
+    /// while running its own code, and for how long.
+    pub fn stalled(&self, timeout: Duration) -> Option<(u32, Duration)> {
+        let now = self.started.elapsed();
+        (0..self.alive_at.len()).find_map(|r| {
+            if self.ended[r].load(Ordering::Relaxed) || self.waiting[r].load(Ordering::Relaxed) {
+                return None;
+            }
+            let quiet = now.saturating_sub(Duration::from_millis(
+                self.alive_at[r].load(Ordering::Relaxed),
+            ));
+            (quiet > timeout).then_some((r as u32, quiet))
+        })
     }
 
     /// Whether every rank must stop now. Cheap: read on every epoch tick of
@@ -130,6 +174,9 @@ impl Session {
         capture: Option<Capture>,
     ) -> Result<Result<(), ReportRefused>, Aborted> {
         let arrival = Arrival { metrics, capture };
+        self.touch(rank);
+        // Waiting for slower ranks is not stalling.
+        self.waiting[rank as usize].store(true, Ordering::Relaxed);
         let outcome = self.gate.arrive(rank as usize, arrival, |gathered| {
             let mut arrivals = gathered.arrivals;
             let captures: Vec<Capture> = arrivals
@@ -158,6 +205,8 @@ impl Session {
             }
             outcome
         });
+        self.waiting[rank as usize].store(false, Ordering::Relaxed);
+        self.touch(rank);
         match outcome {
             Ok(Outcome::Recorded) => Ok(Ok(())),
             Ok(Outcome::Refused(r)) => Ok(Err(r)),
@@ -189,6 +238,7 @@ impl Session {
     /// latest committed checkpoint that verifies, else `resume_from`, else
     /// none.
     pub fn get_checkpoint(&self, rank: u32) -> Result<Option<String>, Aborted> {
+        self.touch(rank);
         self.handle
             .block_on(self.resolve_checkpoint())
             .map_err(|message| {

@@ -2,6 +2,7 @@
 //! ranks. Nothing here knows about storage.
 
 mod bindings;
+pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
 mod sandbox;

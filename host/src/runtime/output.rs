@@ -11,10 +11,12 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError, StreamResult};
 
-/// Lines longer than this are delivered in pieces of this size.
-const MAX_LINE: usize = 64 * 1024;
+use super::limits::{LimitHit, OutputBudget};
+
+/// How much a guest may hand over in one write.
+const WRITE_PERMIT: usize = 64 * 1024;
 /// How many of a rank's last stderr lines are kept to explain a trap.
 const STDERR_TAIL: usize = 8;
 
@@ -51,7 +53,17 @@ impl OutputSink for TerminalOutput {
 
 struct Buffer {
     pending: Vec<u8>,
+    /// Dropping the rest of a line that was cut.
+    skipping: bool,
     tail: VecDeque<String>,
+}
+
+/// What one rank's two streams share: the output budget, the line cap,
+/// and a callback noting that the rank is alive.
+pub(crate) struct RankOutputLimits {
+    pub budget: Mutex<Option<OutputBudget>>,
+    pub max_line: usize,
+    pub on_line: Box<dyn Fn() + Send + Sync>,
 }
 
 /// One rank's stdout or stderr, as given to its WASI context.
@@ -60,35 +72,74 @@ pub(crate) struct RankStream {
     rank: u32,
     stream: Stream,
     sink: Arc<dyn OutputSink>,
+    limits: Arc<RankOutputLimits>,
     buffer: Arc<Mutex<Buffer>>,
 }
 
 impl RankStream {
-    pub fn new(rank: u32, stream: Stream, sink: Arc<dyn OutputSink>) -> Self {
+    pub fn new(
+        rank: u32,
+        stream: Stream,
+        sink: Arc<dyn OutputSink>,
+        limits: Arc<RankOutputLimits>,
+    ) -> Self {
         Self {
             rank,
             stream,
             sink,
+            limits,
             buffer: Arc::new(Mutex::new(Buffer {
                 pending: Vec::new(),
+                skipping: false,
                 tail: VecDeque::new(),
             })),
         }
     }
 
-    fn push(&self, bytes: &[u8]) {
+    fn push(&self, bytes: &[u8]) -> Result<(), LimitHit> {
+        if let Some(budget) = self
+            .limits
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            budget.take(bytes.len())?;
+        }
+        let max = self.limits.max_line;
         let mut buf = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
         buf.pending.extend_from_slice(bytes);
         loop {
-            let (take, skip) = match buf.pending.iter().position(|b| *b == b'\n') {
-                Some(i) if i <= MAX_LINE => (i, 1),
-                _ if buf.pending.len() >= MAX_LINE => (MAX_LINE, 0),
+            let newline = buf.pending.iter().position(|b| *b == b'\n');
+            if buf.skipping {
+                match newline {
+                    Some(i) => {
+                        buf.pending.drain(..=i);
+                        buf.skipping = false;
+                        continue;
+                    }
+                    None => {
+                        buf.pending.clear();
+                        break;
+                    }
+                }
+            }
+            match newline {
+                Some(i) if i <= max => {
+                    let mut line: Vec<u8> = buf.pending.drain(..=i).collect();
+                    line.pop();
+                    self.emit(&mut buf, &line);
+                }
+                _ if buf.pending.len() > max => {
+                    let mut line: Vec<u8> = buf.pending.drain(..max).collect();
+                    line.extend_from_slice(format!(" [line cut at {max} bytes]").as_bytes());
+                    self.emit(&mut buf, &line);
+                    buf.skipping = true;
+                }
                 _ => break,
-            };
-            let mut line: Vec<u8> = buf.pending.drain(..take + skip).collect();
-            line.truncate(take);
-            self.emit(&mut buf, &line);
+            }
         }
+        Ok(())
     }
 
     fn emit(&self, buf: &mut Buffer, line: &[u8]) {
@@ -100,12 +151,13 @@ impl RankStream {
             buf.tail.push_back(line.to_string());
         }
         self.sink.line(self.rank, self.stream, &line);
+        (self.limits.on_line)();
     }
 
     /// Deliver a last line that had no line ending.
     pub fn finish(&self) {
         let mut buf = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
-        if !buf.pending.is_empty() {
+        if !buf.pending.is_empty() && !buf.skipping {
             let line = std::mem::take(&mut buf.pending);
             self.emit(&mut buf, &line);
         }
@@ -135,14 +187,14 @@ impl StdoutStream for RankStream {
 
 impl OutputStream for RankStream {
     fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.push(&bytes);
-        Ok(())
+        self.push(&bytes)
+            .map_err(|hit| StreamError::Trap(wasmtime::Error::new(hit)))
     }
     fn flush(&mut self) -> StreamResult<()> {
         Ok(())
     }
     fn check_write(&mut self) -> StreamResult<usize> {
-        Ok(MAX_LINE)
+        Ok(WRITE_PERMIT)
     }
 }
 
@@ -157,8 +209,11 @@ impl tokio::io::AsyncWrite for RankStream {
         _: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.push(buf);
-        Poll::Ready(Ok(buf.len()))
+        Poll::Ready(
+            self.push(buf)
+                .map(|()| buf.len())
+                .map_err(std::io::Error::other),
+        )
     }
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
@@ -180,13 +235,27 @@ mod tests {
         }
     }
 
+    fn stream(
+        stream: Stream,
+        sink: Arc<Collect>,
+        max_line: usize,
+        rate: Option<u64>,
+    ) -> RankStream {
+        let limits = Arc::new(RankOutputLimits {
+            budget: Mutex::new(rate.map(OutputBudget::new)),
+            max_line,
+            on_line: Box::new(|| {}),
+        });
+        RankStream::new(3, stream, sink, limits)
+    }
+
     #[test]
     fn splits_lines_across_writes_and_flushes_the_rest() {
         let sink = Arc::new(Collect::default());
-        let s = RankStream::new(3, Stream::Stderr, sink.clone());
-        s.push(b"hel");
-        s.push(b"lo\nwor");
-        s.push(b"ld\r\n\nlast");
+        let s = stream(Stream::Stderr, sink.clone(), 1024, None);
+        s.push(b"hel").unwrap();
+        s.push(b"lo\nwor").unwrap();
+        s.push(b"ld\r\n\nlast").unwrap();
         s.finish();
         let lines: Vec<String> = sink.0.lock().unwrap().iter().map(|l| l.2.clone()).collect();
         assert_eq!(lines, ["hello", "world", "", "last"]);
@@ -194,12 +263,26 @@ mod tests {
     }
 
     #[test]
-    fn cuts_overlong_lines() {
+    fn cuts_overlong_lines_and_drops_their_rest() {
         let sink = Arc::new(Collect::default());
-        let s = RankStream::new(0, Stream::Stdout, sink.clone());
-        s.push(&vec![b'x'; MAX_LINE * 2 + 5]);
+        let s = stream(Stream::Stdout, sink.clone(), 10, None);
+        s.push(&[b'x'; 25]).unwrap();
+        s.push(b"yy\nshort\n").unwrap();
         s.finish();
-        let lens: Vec<usize> = sink.0.lock().unwrap().iter().map(|l| l.2.len()).collect();
-        assert_eq!(lens, [MAX_LINE, MAX_LINE, 5]);
+        let lines: Vec<String> = sink.0.lock().unwrap().iter().map(|l| l.2.clone()).collect();
+        assert_eq!(lines, ["xxxxxxxxxx [line cut at 10 bytes]", "short"]);
+    }
+
+    #[test]
+    fn a_flood_hits_the_output_limit() {
+        let sink = Arc::new(Collect::default());
+        let s = stream(Stream::Stdout, sink, 1024, Some(100));
+        assert!(s.push(&[b'a'; 300]).is_ok());
+        assert!(
+            s.push(&[b'a'; 300])
+                .unwrap_err()
+                .to_string()
+                .contains("output limit")
+        );
     }
 }

@@ -9,11 +9,13 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::GuestComponent;
 use super::bindings::trainhost::train::{context, session};
-use super::output::{OutputSink, RankStream, Stream};
+use super::limits::{LimitHit, MemoryLimiter, OutputBudget, ResourceLimits};
+use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
 use crate::checkpoint::{self, Aborted, ReportRefused, Session};
 use crate::metrics::{MetricValue, Metrics};
 use crate::result::{FailureKind, RunFailure};
+use std::sync::Mutex;
 
 /// Where a rank sits in the run.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +33,7 @@ pub(crate) struct RankShared {
     pub config_json: Arc<str>,
     pub run_name: Arc<str>,
     pub output: Arc<dyn OutputSink>,
+    pub limits: ResourceLimits,
 }
 
 impl std::fmt::Debug for dyn OutputSink {
@@ -47,6 +50,7 @@ pub(crate) struct RankState {
     shared: RankShared,
     sandbox: Sandbox,
     session: Arc<Session>,
+    memory: MemoryLimiter,
     /// How many times this rank's `report` reached the gate.
     reports: u64,
 }
@@ -181,8 +185,27 @@ pub(crate) fn run_rank(
     session: Arc<Session>,
 ) -> RankOutcome {
     let rank = info.world_rank;
-    let stdout = RankStream::new(rank, Stream::Stdout, Arc::clone(&shared.output));
-    let stderr = RankStream::new(rank, Stream::Stderr, Arc::clone(&shared.output));
+    session.touch(rank);
+    let output_limits = Arc::new(RankOutputLimits {
+        budget: Mutex::new(shared.limits.max_output_rate.map(OutputBudget::new)),
+        max_line: shared.limits.max_line_bytes,
+        on_line: {
+            let session = Arc::clone(&session);
+            Box::new(move || session.touch(rank))
+        },
+    });
+    let stdout = RankStream::new(
+        rank,
+        Stream::Stdout,
+        Arc::clone(&shared.output),
+        Arc::clone(&output_limits),
+    );
+    let stderr = RankStream::new(
+        rank,
+        Stream::Stderr,
+        Arc::clone(&shared.output),
+        output_limits,
+    );
     let outcome = match build_state(info, shared, &dirs, Arc::clone(&session), &stdout, &stderr) {
         Ok(state) => call_train(guest, state),
         Err(message) => Err(Ended::Failed(RunFailure {
@@ -193,6 +216,7 @@ pub(crate) fn run_rank(
     };
     stdout.finish();
     stderr.finish();
+    session.ended(rank);
     match outcome {
         Ok(reports) => {
             session.finish(rank, reports);
@@ -252,6 +276,9 @@ fn build_state(
         wasi: wasi.build(),
         table: ResourceTable::new(),
         info,
+        memory: MemoryLimiter {
+            max: shared.limits.max_memory,
+        },
         shared,
         sandbox,
         session,
@@ -270,6 +297,7 @@ fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
         })
     };
     let mut store = Store::new(guest.engine(), state);
+    store.limiter(|s| &mut s.memory);
     // Checked on every epoch tick: a rank computing while another failed is
     // interrupted instead of running on (gang stop, R19).
     store.set_epoch_deadline(1);
@@ -290,6 +318,13 @@ fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
         // Both are the host's doing: only an aborting run interrupts a
         // rank, or stops it in an import.
         Err(e) if e.downcast_ref::<StoppedByHost>().is_some() => Err(Ended::Stopped),
+        Err(e) if e.downcast_ref::<LimitHit>().is_some() => {
+            let hit = e
+                .downcast_ref::<LimitHit>()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            Err(fail(FailureKind::Limit, hit))
+        }
         Err(e) if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) => {
             Err(Ended::Stopped)
         }

@@ -19,7 +19,7 @@
 //! - `{"print_context": true}`: prints rank, sizes, run name and config
 //! - `{"panic": MSG}`, `{"fail": MSG}`, `{"spin": true}` (loops forever)
 //! - `{"print": TEXT}` (stdout), `{"eprint": TEXT}` (stderr)
-//! - `{"sleep_ms": N}`
+//! - `{"sleep_ms": N}`, `{"alloc_mb": N}`, `{"flood": BYTES}` (stdout)
 //! - `{"until_preempted": true}`: report `i` = 0, 1, .. until preemption is
 //!   requested, then report a checkpoint holding `final` and return
 //!
@@ -141,6 +141,15 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
         match trainhost_guest::report(metrics, checkpoint) {
             Ok(()) => println!("report ok"),
             Err(e) => println!("report refused: {e}"),
+        }
+    } else if let Some(mb) = step.get("alloc_mb").and_then(Value::as_u64) {
+        // Touch every page so the memory is really used.
+        let block = vec![1u8; (mb as usize) << 20];
+        println!("allocated {} MiB", std::hint::black_box(block).len() >> 20);
+    } else if let Some(n) = step.get("flood").and_then(Value::as_u64) {
+        let line = "x".repeat(1023);
+        for _ in 0..n / 1024 {
+            println!("{line}");
         }
     } else if let Some(ms) = step.get("sleep_ms").and_then(Value::as_u64) {
         std::thread::sleep(std::time::Duration::from_millis(ms));

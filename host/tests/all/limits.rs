@@ -1,0 +1,138 @@
+//! Per-rank limits: each hit fails the attempt, names the limit and the
+//! rank, and counts toward max_failures.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use trainhost::{FailureConfig, FailureKind, ResourceLimits, RunConfig};
+
+use crate::util::*;
+
+fn limited(workers: u32, steps: Value, limits: ResourceLimits, max_failures: i64) -> Run {
+    let (builder, storage, lines) = scripted(workers, steps);
+    let builder = builder.run_config(RunConfig {
+        name: Some("t".into()),
+        storage_path: storage.path().display().to_string(),
+        limits,
+        failure_config: FailureConfig { max_failures },
+        ..Default::default()
+    });
+    finish(builder, storage, lines)
+}
+
+#[test]
+fn the_memory_limit_fails_the_rank_and_counts_toward_max_failures() {
+    let limits = ResourceLimits {
+        max_memory: Some(32 << 20),
+        ..Default::default()
+    };
+    let run = limited(
+        2,
+        json!([{"alloc_mb": 100, "ranks": [1]}, {"alloc_mb": 4}]),
+        limits,
+        1,
+    );
+    let e = run.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, FailureKind::Limit);
+    assert_eq!(e.rank, Some(1));
+    assert!(
+        e.to_string()
+            .starts_with("rank 1 hit a limit: exceeded the memory limit of 32 MiB"),
+        "{e}"
+    );
+    assert_eq!(run.result.failures, 2, "restarted once, failed again");
+    assert!(
+        run.stdout(0).contains(&"allocated 4 MiB".to_owned()),
+        "small allocations still work"
+    );
+}
+
+#[test]
+fn a_silent_rank_stalls_while_a_rank_waiting_in_report_does_not() {
+    let limits = ResourceLimits {
+        stall_timeout: Some(Duration::from_millis(400)),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let run = limited(
+        2,
+        json!([
+            {"report": {}, "ranks": [0]},
+            {"spin": true, "ranks": [1]},
+        ]),
+        limits,
+        0,
+    );
+    let e = run.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, FailureKind::Limit);
+    assert_eq!(e.rank, Some(1), "{e}");
+    assert!(
+        e.message
+            .starts_with("stalled: no report and no output for"),
+        "{e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn output_counts_as_progress() {
+    let limits = ResourceLimits {
+        stall_timeout: Some(Duration::from_millis(500)),
+        ..Default::default()
+    };
+    let mut steps = Vec::new();
+    for _ in 0..8 {
+        steps.push(json!({"sleep_ms": 150}));
+        steps.push(json!({"print": "still working"}));
+    }
+    limited(1, Value::Array(steps), limits, 0).assert_ok();
+}
+
+#[test]
+fn the_attempt_wall_clock_limit_stops_every_rank() {
+    let limits = ResourceLimits {
+        attempt_timeout: Some(Duration::from_millis(500)),
+        ..Default::default()
+    };
+    let run = limited(3, json!([{"spin": true}]), limits, 0);
+    let e = run.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, FailureKind::Limit);
+    assert!(
+        e.to_string()
+            .contains("exceeded its wall-clock limit of 500ms"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_output_flood_fails_the_rank() {
+    let limits = ResourceLimits {
+        max_output_rate: Some(64 << 10),
+        ..Default::default()
+    };
+    let run = limited(2, json!([{"flood": 20_000_000, "ranks": [1]}]), limits, 0);
+    let e = run.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, FailureKind::Limit);
+    assert_eq!(e.rank, Some(1));
+    assert!(
+        e.message.contains("exceeded the output limit of 64 KiB/s"),
+        "{e}"
+    );
+}
+
+#[test]
+fn long_lines_are_cut_not_failed() {
+    let limits = ResourceLimits {
+        max_line_bytes: 100,
+        ..Default::default()
+    };
+    let long = "y".repeat(5000);
+    let run = limited(1, json!([{"print": long}, {"print": "after"}]), limits, 0);
+    run.assert_ok();
+    let out = run.stdout(0);
+    assert_eq!(
+        out[0],
+        format!("{} [line cut at 100 bytes]", "y".repeat(100))
+    );
+    assert_eq!(out[1], "after");
+}
