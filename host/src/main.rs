@@ -175,6 +175,11 @@ struct RunArgs {
     #[arg(long, value_name = "SIZE", default_value = "64KiB", value_parser = parse_size, help_heading = "Limits")]
     max_line: u64,
 
+    /// Refuse a report whose checkpoint (all ranks' files) is larger, e.g.
+    /// 100GiB (default: no limit). The guest sees the error.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
+    max_checkpoint_size: Option<u64>,
+
     /// No progress bars and no informational logs (warnings and errors
     /// still show; RUST_LOG overrides).
     #[arg(short, long)]
@@ -371,6 +376,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 attempt_timeout: args.attempt_timeout,
                 max_output_rate: (args.max_output_rate > 0).then_some(args.max_output_rate),
                 max_line_bytes: usize::try_from(args.max_line).unwrap_or(usize::MAX),
+                max_checkpoint_bytes: args.max_checkpoint_size,
             },
             sync: args
                 .sync_command

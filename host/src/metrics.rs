@@ -97,6 +97,13 @@ impl<'de> Deserialize<'de> for MetricValue {
     }
 }
 
+/// The most metrics one report may carry.
+pub const MAX_METRICS: usize = 1024;
+/// The longest metric name, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// The longest text metric value, in bytes.
+pub const MAX_TEXT_BYTES: usize = 4096;
+
 /// Metrics of one report, by name. Nested names use `/` (`eval/loss`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -134,12 +141,33 @@ impl Metrics {
     }
 
     /// Build metrics from `(name, value)` pairs as a guest sends them,
-    /// refusing empty and repeated names.
+    /// refusing empty, repeated and oversized names, oversized text and too
+    /// many metrics (they would bloat every manifest and history line).
     pub fn from_pairs(
         pairs: impl IntoIterator<Item = (String, MetricValue)>,
     ) -> Result<Self, String> {
         let mut out = BTreeMap::new();
         for (name, value) in pairs {
+            if out.len() == MAX_METRICS {
+                return Err(format!(
+                    "a report may carry at most {MAX_METRICS} metrics; keep large data in the checkpoint"
+                ));
+            }
+            if name.len() > MAX_NAME_BYTES {
+                return Err(format!(
+                    "metric name {:?}... is {} bytes long; names may be at most {MAX_NAME_BYTES} bytes",
+                    name.chars().take(32).collect::<String>(),
+                    name.len()
+                ));
+            }
+            if let MetricValue::Text(text) = &value
+                && text.len() > MAX_TEXT_BYTES
+            {
+                return Err(format!(
+                    "metric {name:?} is a text of {} bytes; texts may be at most {MAX_TEXT_BYTES} bytes",
+                    text.len()
+                ));
+            }
             if name.is_empty() {
                 return Err("a metric has an empty name".into());
             }
@@ -212,5 +240,27 @@ mod tests {
         assert!(Metrics::from_pairs([("a//b".into(), v())]).is_err());
         assert!(Metrics::from_pairs([("a".into(), v()), ("a".into(), v())]).is_err());
         assert!(Metrics::from_pairs([("eval/loss".into(), v())]).is_ok());
+    }
+
+    #[test]
+    fn refuses_huge_maps_names_and_texts() {
+        let many = (0..=MAX_METRICS).map(|i| (format!("m{i}"), MetricValue::Integer(1)));
+        assert!(
+            Metrics::from_pairs(many)
+                .unwrap_err()
+                .contains("at most 1024 metrics")
+        );
+        let long = "n".repeat(MAX_NAME_BYTES + 1);
+        assert!(
+            Metrics::from_pairs([(long, MetricValue::Integer(1))])
+                .unwrap_err()
+                .contains("at most 256 bytes")
+        );
+        let text = MetricValue::Text("t".repeat(MAX_TEXT_BYTES + 1));
+        assert!(
+            Metrics::from_pairs([("t".into(), text)])
+                .unwrap_err()
+                .contains("texts may be at most")
+        );
     }
 }

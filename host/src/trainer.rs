@@ -143,6 +143,17 @@ impl CheckpointConfig {
                 "keep_every is 0; give N >= 1 to keep every N-th checkpoint".into(),
             ));
         }
+        if self.checkpoint_score_attribute.is_none() && self.checkpoint_score_order.is_some() {
+            return Err(Error::InvalidConfig(
+                "checkpoint_score_order is set without checkpoint_score_attribute; name the metric to rank by".into(),
+            ));
+        }
+        if self.keep_every.is_some() && self.num_to_keep.is_none() {
+            return Err(Error::InvalidConfig(
+                "keep_every needs num_to_keep: without num_to_keep every checkpoint is kept anyway"
+                    .into(),
+            ));
+        }
         let score = match &self.checkpoint_score_attribute {
             None => None,
             Some(attr) => {

@@ -18,6 +18,16 @@ const GUESTS: &[(&str, &str, &str)] = &[
         "TRAINHOST_TEST_GUEST",
     ),
     (
+        "trainhost-test-guest",
+        "not_a_trainer",
+        "TRAINHOST_NOT_A_TRAINER",
+    ),
+    (
+        "trainhost-test-guest-other-wit",
+        "trainhost_test_guest_other_wit",
+        "TRAINHOST_OTHER_WIT",
+    ),
+    (
         "linear-regression",
         "linear_regression",
         "TRAINHOST_LINEAR_REGRESSION",
@@ -37,6 +47,7 @@ fn main() {
         "wit",
         "guest-sdk",
         "tests/guests",
+        "tests/guest-other-wit",
         "examples/linear-regression",
         ".cargo",
     ] {
@@ -57,7 +68,9 @@ fn main() {
             "--target-dir",
         ])
         .arg(&target_dir);
-    for (package, _, _) in GUESTS {
+    let mut packages: Vec<&str> = GUESTS.iter().map(|(p, _, _)| *p).collect();
+    packages.dedup();
+    for package in packages {
         cmd.args(["-p", package]);
     }
     // What the outer cargo set for this build script must not leak into

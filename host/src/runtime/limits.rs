@@ -34,6 +34,10 @@ pub struct ResourceLimits {
     /// Longer output lines are cut to this many bytes, marked as cut (not
     /// a failure). Default 64 KiB.
     pub max_line_bytes: usize,
+    /// The largest checkpoint one report may commit, all ranks' files
+    /// together; a larger one is refused with an error the guest sees (a
+    /// sparse file can claim terabytes). Default: none.
+    pub max_checkpoint_bytes: Option<u64>,
 }
 
 impl Default for ResourceLimits {
@@ -44,6 +48,7 @@ impl Default for ResourceLimits {
             attempt_timeout: None,
             max_output_rate: Some(1 << 20),
             max_line_bytes: 64 * 1024,
+            max_checkpoint_bytes: None,
         }
     }
 }

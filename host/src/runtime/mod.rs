@@ -60,6 +60,9 @@ impl GuestComponent {
             .map_err(|e| Error::Runtime(format!("{e:#}")))?;
         Trainer::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| Error::Runtime(format!("{e:#}")))?;
+        if let Some(message) = describe_mismatch(&engine, &component) {
+            return Err(guest_err(message, None));
+        }
         let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
             guest_err(
                 format!(
@@ -91,6 +94,41 @@ impl GuestComponent {
     pub fn start_ticker(&self) -> EpochTicker {
         EpochTicker::start(self.engine.clone())
     }
+}
+
+/// What is wrong with a component that will not fit trainhost's world, said
+/// in terms of what to build instead: another version of the trainhost WIT
+/// package, or a WASI command instead of a training loop.
+fn describe_mismatch(engine: &Engine, component: &Component) -> Option<String> {
+    let ty = component.component_type();
+    let ours = WIT_PACKAGE
+        .rsplit_once('@')
+        .map(|(_, v)| v)
+        .unwrap_or_default();
+    // Semver for 0.x: the minor version is the breaking one.
+    let series = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    for (name, _) in ty.imports(engine) {
+        if let Some(rest) = name.strip_prefix("trainhost:train/")
+            && let Some((_, version)) = rest.split_once('@')
+            && series(version) != series(ours)
+        {
+            return Some(format!(
+                "was built against trainhost:train@{version}, but this host implements {WIT_PACKAGE} (compatible with {}.x); rebuild the guest with the trainhost-guest version that matches this host, or run it with a trainhost that implements {version}",
+                series(ours)
+            ));
+        }
+    }
+    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
+    if exports.iter().any(|n| n == "train") {
+        return None;
+    }
+    Some(if exports.iter().any(|n| n.starts_with("wasi:cli/run@")) {
+        "is a WASI command (a `bin` crate with `fn main`), not a training loop; build a `cdylib` that declares its entry point with trainhost_guest::entry!".to_owned()
+    } else {
+        format!(
+            "does not export trainhost's `train` function ({WIT_PACKAGE}, world `trainer`); it exports {exports:?}. Declare an entry point with trainhost_guest::entry!"
+        )
+    })
 }
 
 /// Tell a core module or garbage apart from a component before compiling,

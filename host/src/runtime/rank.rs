@@ -9,7 +9,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::GuestComponent;
 use super::bindings::trainhost::train::{context, session};
-use super::limits::{LimitHit, MemoryLimiter, OutputBudget, ResourceLimits};
+use super::limits::{self, LimitHit, MemoryLimiter, OutputBudget, ResourceLimits};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
 use crate::checkpoint::{self, Aborted, ReportRefused, Session};
@@ -144,7 +144,19 @@ impl session::Host for RankState {
                 let captured = self
                     .sandbox
                     .open_dir(&path)
-                    .and_then(|dir| checkpoint::capture(self.info.world_rank, dir, &path));
+                    .and_then(|dir| checkpoint::capture(self.info.world_rank, dir, &path))
+                    .and_then(|c| {
+                        let total: u64 = c.files.iter().map(|(_, size)| size).sum();
+                        match self.shared.limits.max_checkpoint_bytes {
+                            Some(max) if total > max => Err(format!(
+                                "{path} holds {} in {} files, over the checkpoint limit of {}",
+                                limits::bytes(total),
+                                c.files.len(),
+                                limits::bytes(max)
+                            )),
+                            _ => Ok(c),
+                        }
+                    });
                 match captured {
                     Ok(c) => Some(c),
                     Err(msg) => return Ok(Err(ReportError::InvalidCheckpoint(msg))),

@@ -147,6 +147,26 @@ fn bad_input_gets_one_clear_error_each() {
         ),
         (&["checkpoints", "nothing-here"], "holds no trainhost run"),
         (
+            &["run", trainhost_test_artifacts::NOT_A_TRAINER],
+            "is a WASI command (a `bin` crate with `fn main`), not a training loop",
+        ),
+        (
+            &["run", trainhost_test_artifacts::OTHER_WIT],
+            "was built against trainhost:train@0.9.0, but this host implements trainhost:train@0.1.0",
+        ),
+        (
+            &["run", TEST_GUEST, "--storage", "cfg.json"],
+            "cfg.json: cannot create the storage directory",
+        ),
+        (
+            &["run", TEST_GUEST, "--score-order", "min"],
+            "checkpoint_score_order is set without checkpoint_score_attribute",
+        ),
+        (
+            &["run", TEST_GUEST, "--keep-every", "3"],
+            "keep_every needs num_to_keep",
+        ),
+        (
             &["run", TEST_GUEST, "--num-to-keep", "0"],
             "must be at least 1, got 0",
         ),

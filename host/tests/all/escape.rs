@@ -169,3 +169,146 @@ fn the_restored_checkpoint_is_read_only_but_can_be_reported_again() {
         b"weights"
     );
 }
+
+#[test]
+fn odd_but_valid_file_names_round_trip_exactly() {
+    let names = [
+        "a b",
+        "ünïcødé",
+        "x#1",
+        "100%",
+        "back\\slash",
+        "q?x",
+        "star*",
+        "dots..",
+        "-dash",
+        "tab\there",
+        "new\nline",
+    ];
+    let mut steps = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        steps.push(json!({"write": format!("ckpt/{n}"), "text": format!("file {i}")}));
+    }
+    steps.push(json!({"report": {}, "checkpoint": "ckpt"}));
+    steps.push(json!({"print_checkpoint": true}));
+    let run = run(1, Value::Array(steps));
+    run.assert_ok();
+    let latest = run.result.checkpoint.as_ref().unwrap();
+    let mut listed: Vec<String> = latest
+        .manifest()
+        .files
+        .iter()
+        .map(|f| f.path.clone())
+        .collect();
+    listed.sort();
+    let mut expected: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+    // Restored under the same names with the same bytes.
+    let dest = run.storage.path().join("restored");
+    latest.to_directory(&dest).unwrap();
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(
+            std::fs::read_to_string(dest.join(n)).unwrap(),
+            format!("file {i}"),
+            "{n:?}"
+        );
+    }
+    // And the guest sees them the same way after a restore.
+    let out = run.stdout(0);
+    assert!(
+        out.iter().any(|l| l.starts_with("file: ünïcødé 6 ")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn deep_nesting_is_refused_past_the_limit_and_fine_below_it() {
+    let ok = run(
+        1,
+        json!([{"nest": "ckpt", "depth": 40}, {"report": {}, "checkpoint": "ckpt"}]),
+    );
+    ok.assert_ok();
+    assert_eq!(
+        files(&ok.dir().join("checkpoint_000000")),
+        [format!("{}bottom", "d/".repeat(40))]
+    );
+    let msg = refused(json!([{"nest": "ckpt", "depth": 70}]), "ckpt");
+    assert!(
+        msg.contains("nested more than 64 directories deep"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_huge_sparse_file_is_refused_over_the_checkpoint_limit() {
+    let (builder, storage, lines) = scripted(
+        1,
+        json!([
+            {"sparse": "ckpt/huge.bin", "size": 1u64 << 40},
+            {"report": {}, "checkpoint": "ckpt"},
+        ]),
+    );
+    let builder = builder.run_config(trainhost::RunConfig {
+        name: Some("t".into()),
+        storage_path: storage.path().display().to_string(),
+        limits: trainhost::ResourceLimits {
+            max_checkpoint_bytes: Some(1 << 30),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let run = finish(builder, storage, lines);
+    run.assert_ok();
+    let out = run.stdout(0);
+    assert!(
+        out[0].contains("ckpt holds 1 TiB in 1 files, over the checkpoint limit of 1 GiB"),
+        "{out:?}"
+    );
+    assert!(checkpoint_dirs(&run.dir()).is_empty());
+}
+
+#[test]
+fn a_hundred_thousand_tiny_files_make_a_correct_checkpoint() {
+    let run = run(
+        1,
+        json!([
+            {"many": "ckpt", "count": 100_000},
+            {"report": {}, "checkpoint": "ckpt"},
+        ]),
+    );
+    run.assert_ok();
+    let latest = run.result.checkpoint.as_ref().unwrap();
+    assert_eq!(latest.manifest().files.len(), 100_000);
+    let dir = run.dir().join("checkpoint_000000");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("042/f99942")).unwrap(),
+        "99942"
+    );
+    latest.verify().unwrap();
+}
+
+#[test]
+fn huge_metric_maps_and_names_are_refused_and_non_finite_values_kept() {
+    let many: serde_json::Map<String, Value> =
+        (0..2000).map(|i| (format!("m{i}"), json!(i))).collect();
+    let run = run(
+        1,
+        json!([
+            {"report": many},
+            {"report": {"x".repeat(300): 1}},
+            {"report": {"loss": "NaN", "gain": "inf"}},
+        ]),
+    );
+    run.assert_ok();
+    let out = run.stdout(0);
+    assert!(out[0].contains("at most 1024 metrics"), "{out:?}");
+    assert!(out[1].contains("names may be at most 256 bytes"), "{out:?}");
+    assert_eq!(out[2], "report ok");
+    let stored = std::fs::read_to_string(run.dir().join("metrics.jsonl")).unwrap();
+    assert!(
+        stored.contains(r#""loss":{"float":"NaN"}"#)
+            && stored.contains(r#""gain":{"float":"inf"}"#),
+        "{stored}"
+    );
+}

@@ -6,3 +6,9 @@ pub const TEST_GUEST: &str = env!("TRAINHOST_TEST_GUEST");
 
 /// The linear-regression example (`examples/linear-regression`).
 pub const LINEAR_REGRESSION: &str = env!("TRAINHOST_LINEAR_REGRESSION");
+
+/// A WASI command (`fn main`), not a trainhost guest.
+pub const NOT_A_TRAINER: &str = env!("TRAINHOST_NOT_A_TRAINER");
+
+/// A guest built against an incompatible `trainhost:train` version (0.9.0).
+pub const OTHER_WIT: &str = env!("TRAINHOST_OTHER_WIT");

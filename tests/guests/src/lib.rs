@@ -20,6 +20,9 @@
 //! - `{"panic": MSG}`, `{"fail": MSG}`, `{"spin": true}` (loops forever)
 //! - `{"print": TEXT}` (stdout), `{"eprint": TEXT}` (stderr)
 //! - `{"sleep_ms": N}`, `{"alloc_mb": N}`, `{"flood": BYTES}` (stdout)
+//! - `{"sparse": PATH, "size": N}`: a sparse file of N bytes
+//! - `{"nest": DIR, "depth": N}`: N nested directories, a file at the bottom
+//! - `{"many": DIR, "count": N}`: N tiny files in 100 directories
 //! - `{"until_preempted": true}`: report `i` = 0, 1, .. until preemption is
 //!   requested, then report a checkpoint holding `final` and return
 //!
@@ -141,6 +144,42 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
         match trainhost_guest::report(metrics, checkpoint) {
             Ok(()) => println!("report ok"),
             Err(e) => println!("report refused: {e}"),
+        }
+    } else if let Some(path) = text(step, "sparse", vars) {
+        let size = step
+            .get("size")
+            .and_then(Value::as_u64)
+            .ok_or("sparse needs size")?;
+        let path = scratch_path(&path);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(io)?;
+        }
+        fs::File::create(&path)
+            .and_then(|f| f.set_len(size))
+            .map_err(io)?;
+    } else if let Some(path) = text(step, "nest", vars) {
+        let depth = step
+            .get("depth")
+            .and_then(Value::as_u64)
+            .ok_or("nest needs depth")?;
+        let mut dir = scratch_path(&path);
+        for _ in 0..depth {
+            dir.push("d");
+        }
+        fs::create_dir_all(&dir).map_err(io)?;
+        fs::write(dir.join("bottom"), "deep").map_err(io)?;
+    } else if let Some(path) = text(step, "many", vars) {
+        let count = step
+            .get("count")
+            .and_then(Value::as_u64)
+            .ok_or("many needs count")?;
+        let dir = scratch_path(&path);
+        for i in 0..count {
+            let sub = dir.join(format!("{:03}", i % 100));
+            if i < 100 {
+                fs::create_dir_all(&sub).map_err(io)?;
+            }
+            fs::write(sub.join(format!("f{i}")), i.to_string()).map_err(io)?;
         }
     } else if let Some(mb) = step.get("alloc_mb").and_then(Value::as_u64) {
         // Touch every page so the memory is really used.
