@@ -17,7 +17,8 @@
 //! Config (all optional): `num_epochs` (5), `checkpoint_freq` (1), `lr`
 //! (0.05), `num_samples` (100), `seed` (0), `sharded` (false),
 //! `fail_at_epoch` (none: panic at that epoch unless resumed from a
-//! checkpoint, to show crash recovery).
+//! checkpoint, to show crash recovery), `padding_mb` (0: extra MiB saved
+//! with every checkpoint, standing in for a larger model).
 //!
 //! On preemption (`preemption_requested()`, e.g. after SIGTERM to the
 //! host) the loop makes sure the epoch it just finished is checkpointed,
@@ -50,6 +51,9 @@ struct Config {
     seed: u64,
     sharded: bool,
     fail_at_epoch: Option<u32>,
+    /// Extra MiB saved with every checkpoint, standing in for a larger
+    /// model (benchmarks and the crash campaign use it).
+    padding_mb: u32,
 }
 
 impl Default for Config {
@@ -62,6 +66,7 @@ impl Default for Config {
             seed: 0,
             sharded: false,
             fail_at_epoch: None,
+            padding_mb: 0,
         }
     }
 }
@@ -120,7 +125,13 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         let saves = config.sharded || rank == 0;
         let metrics = Metrics::new().with("loss", loss).with("epoch", epoch);
         let checkpoint = if should_checkpoint && saves {
-            Some(save(&dir, &state, epoch, config.sharded)?)
+            Some(save(
+                &dir,
+                &state,
+                epoch,
+                config.sharded,
+                config.padding_mb,
+            )?)
         } else {
             None
         };
@@ -131,7 +142,13 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         if trainhost_guest::preemption_requested() {
             if !should_checkpoint {
                 let checkpoint = if saves {
-                    Some(save(&dir, &state, epoch, config.sharded)?)
+                    Some(save(
+                        &dir,
+                        &state,
+                        epoch,
+                        config.sharded,
+                        config.padding_mb,
+                    )?)
                 } else {
                     None
                 };
@@ -152,6 +169,7 @@ fn save(
     state: &State,
     epoch: u32,
     sharded: bool,
+    padding_mb: u32,
 ) -> Result<Checkpoint, Box<dyn std::error::Error>> {
     let rank = trainhost_guest::world_rank();
     let world = trainhost_guest::world_size();
@@ -170,6 +188,14 @@ fn save(
         world_size: world,
     };
     fs::write(dir.join("meta.json"), serde_json::to_vec(&meta)?)?;
+    if padding_mb > 0 {
+        // Different bytes every epoch, as real weights would be.
+        let byte = (epoch % 251) as u8;
+        fs::write(
+            dir.join(format!("padding-rank={rank}.bin")),
+            vec![byte; padding_mb as usize * 1024 * 1024],
+        )?;
+    }
     Ok(Checkpoint::from_directory(dir))
 }
 

@@ -206,6 +206,7 @@ impl Ledger {
         };
         if resuming {
             ledger.repair().await?;
+            ledger.backfill_history().await?;
             // The policy may have changed: apply it (this also records it).
             ledger.apply_retention().await?;
         } else {
@@ -267,6 +268,45 @@ impl Ledger {
             self.apply_retention().await?;
         }
         Ok(())
+    }
+
+    /// A host killed after committing a checkpoint but before appending its
+    /// report to the history leaves the history short of that report (R9).
+    /// The checkpoint's record holds the report's index and metrics, so the
+    /// line is restored from it.
+    async fn backfill_history(&self) -> Result<(), Error> {
+        let bytes = {
+            let mut inner = self.lock();
+            let next = inner.history.last().map_or(0, |r| r.report_index + 1);
+            let missing: Vec<CheckpointRecord> = inner
+                .state
+                .checkpoints
+                .iter()
+                .filter(|c| c.report_index >= next)
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            for c in missing {
+                tracing::warn!(
+                    report = c.report_index,
+                    "restoring a history line lost when the host was killed"
+                );
+                let record = ReportRecord {
+                    report_index: c.report_index,
+                    metrics: c.metrics.clone(),
+                    checkpoint: Some(c.index),
+                    time: manifest::now_rfc3339(),
+                };
+                let mut line = serde_json::to_vec(&record).expect("reports serialize");
+                line.push(b'\n');
+                inner.history_jsonl.extend_from_slice(&line);
+                inner.history.push(record);
+            }
+            Bytes::from(inner.history_jsonl.clone())
+        };
+        self.storage.put(manifest::HISTORY, bytes).await
     }
 
     /// The run's storage location.

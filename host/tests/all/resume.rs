@@ -249,3 +249,26 @@ fn a_changed_config_is_refused_unless_starting_fresh() {
     );
     assert_eq!(fresh.result.metrics_history.len(), 1);
 }
+
+#[test]
+fn a_history_line_lost_to_a_kill_is_restored_from_the_committed_checkpoint() {
+    let first = run(1, script());
+    first.assert_ok();
+    // A host killed between the state write and the history append: the
+    // last committed report is missing from metrics.jsonl.
+    let history = first.dir().join("metrics.jsonl");
+    let text = std::fs::read_to_string(&history).unwrap();
+    let kept: Vec<&str> = text.lines().take(1).collect();
+    std::fs::write(&history, format!("{}\n", kept.join("\n"))).unwrap();
+
+    let second = rerun(&first, false, script());
+    second.assert_ok();
+    let indexes: Vec<u64> = second
+        .result
+        .metrics_history
+        .iter()
+        .map(|r| r.report_index)
+        .collect();
+    assert_eq!(indexes, [0, 1, 2, 3]);
+    assert_eq!(second.result.metrics_history[1].checkpoint, Some(1));
+}

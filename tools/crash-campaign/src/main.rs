@@ -1,0 +1,321 @@
+//! The crash-consistency campaign.
+//!
+//! Runs the linear-regression example as a separate process (this binary,
+//! re-executed in `host` mode, runs it through the trainhost library), kills
+//! it with SIGKILL at a random instant, starts it again under the same run
+//! name, and after every kill checks the storage: every committed
+//! checkpoint verifies against its manifest, the newest committed
+//! checkpoint never goes backwards, and the restarted run resumes from
+//! exactly the newest committed checkpoint. Finally it lets the run finish
+//! and checks that every epoch was reported and the last checkpoint holds
+//! the last epoch.
+//!
+//! ```text
+//! cargo run --release -p trainhost-crash-campaign -- run --guest linear_regression.wasm --kills 200
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use clap::{Parser, Subcommand};
+use trainhost::{
+    CheckpointConfig, MetricValue, OutputSink, RunConfig, ScalingConfig, Stream, Trainer,
+};
+
+#[derive(Parser)]
+#[command(
+    about = "Kill a trainhost run at random instants and check that nothing committed is lost"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Run the campaign.
+    Run(Campaign),
+    /// Run the example once as the host (the campaign starts and kills
+    /// this); not for direct use.
+    Host(HostArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct Campaign {
+    /// The linear-regression example component.
+    #[arg(long)]
+    guest: PathBuf,
+    /// How many times to kill the host.
+    #[arg(long, default_value_t = 20)]
+    kills: u32,
+    /// Seed of the kill instants.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Epochs of the run (each commits a checkpoint).
+    #[arg(long, default_value_t = 400)]
+    epochs: u32,
+    /// Ranks.
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// MiB of padding per rank in every checkpoint, so that kills land in
+    /// uploads, commits and retention deletes, not only in compute.
+    #[arg(long, default_value_t = 2)]
+    padding_mb: u32,
+    /// Where the run is stored (default: a new temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct HostArgs {
+    #[arg(long)]
+    guest: PathBuf,
+    #[arg(long)]
+    storage: PathBuf,
+    #[arg(long)]
+    config: String,
+    #[arg(long)]
+    workers: u32,
+}
+
+const RUN: &str = "campaign";
+const KEEP: usize = 3;
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Mode::Run(c) => campaign(&c),
+        Mode::Host(h) => host(&h),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints rank 0's lines on stdout, where the campaign reads them.
+struct Rank0;
+
+impl OutputSink for Rank0 {
+    fn line(&self, rank: u32, _: Stream, line: &str) {
+        if rank == 0 {
+            println!("{line}");
+        }
+    }
+}
+
+fn host(args: &HostArgs) -> anyhow::Result<()> {
+    let result = Trainer::builder(args.guest.as_path())
+        .train_loop_config(serde_json::from_str(&args.config)?)
+        .scaling_config(ScalingConfig {
+            num_workers: args.workers,
+        })
+        .run_config(RunConfig {
+            name: Some(RUN.into()),
+            storage_path: args.storage.display().to_string(),
+            checkpoint_config: CheckpointConfig {
+                num_to_keep: Some(KEEP),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .output(Arc::new(Rank0))
+        .build()?
+        .fit()?;
+    if let Some(e) = result.error {
+        bail!("the run failed: {e}");
+    }
+    Ok(())
+}
+
+/// A tiny deterministic generator for the kill instants.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+struct Host {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+fn start(c: &Campaign, storage: &Path) -> anyhow::Result<Host> {
+    let config =
+        serde_json::json!({"num_epochs": c.epochs, "padding_mb": c.padding_mb}).to_string();
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("host")
+        .arg("--guest")
+        .arg(&c.guest)
+        .arg("--storage")
+        .arg(storage)
+        .args(["--config", &config, "--workers", &c.workers.to_string()])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start the host")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Host { child, lines })
+}
+
+/// What storage holds after a kill: the committed checkpoints, each
+/// verified, and the newest one's index and epoch.
+fn inspect(run_dir: &Path) -> anyhow::Result<Option<(u64, i64)>> {
+    if !run_dir.join("trainhost-run.json").exists() {
+        return Ok(None);
+    }
+    let committed = trainhost::committed_checkpoints(&run_dir.display().to_string())?;
+    for c in &committed {
+        c.verify()
+            .with_context(|| format!("committed checkpoint {} does not verify", c.location()))?;
+    }
+    Ok(committed.iter().max_by_key(|c| c.index()).map(|c| {
+        let epoch = match c.metrics().get("epoch") {
+            Some(MetricValue::Integer(e)) => *e,
+            _ => -1,
+        };
+        (c.index(), epoch)
+    }))
+}
+
+fn campaign(c: &Campaign) -> anyhow::Result<()> {
+    let temp;
+    let storage = match &c.dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = std::env::temp_dir().join(format!("trainhost-campaign-{}", std::process::id()));
+            temp.clone()
+        }
+    };
+    let _ = std::fs::remove_dir_all(&storage);
+    std::fs::create_dir_all(&storage)?;
+    let run_dir = storage.canonicalize()?.join(RUN);
+    let mut rng = Rng(c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+
+    // How long a whole run takes, to spread the kills over it.
+    let probe_dir = storage.join("probe");
+    let started = Instant::now();
+    let mut probe = start(c, &probe_dir)?;
+    ensure!(probe.child.wait()?.success(), "an uninterrupted run failed");
+    let full = started.elapsed();
+    drop(probe.lines);
+    std::fs::remove_dir_all(&probe_dir)?;
+    println!("an uninterrupted run of {} epochs takes {full:?}", c.epochs);
+
+    let mut newest: Option<(u64, i64)> = None;
+    let (mut kills, mut finished_early, mut resumes_checked) = (0u32, 0u32, 0u32);
+    let mut first_attempt = true;
+    while kills < c.kills {
+        let mut host = start(c, &storage)?;
+        let expected = newest;
+        // Spread the kill over the work this run has left (a resumed run
+        // has fewer epochs to go), plus its start-up.
+        let done = newest.map_or(0, |(_, epoch)| (epoch + 1) as u64);
+        let left = u64::from(c.epochs).saturating_sub(done).max(1);
+        let span = full.as_millis() as u64 * left / u64::from(c.epochs) + 300;
+        std::thread::sleep(Duration::from_millis(rng.below(span)));
+        if host.child.try_wait()?.is_some() {
+            // It finished before the kill; start over with a fresh run so
+            // the campaign keeps killing runs in progress.
+            finished_early += 1;
+            check_complete(&run_dir, c.epochs)?;
+            std::fs::remove_dir_all(&run_dir)?;
+            newest = None;
+            continue;
+        }
+        host.child.kill()?;
+        host.child.wait()?;
+        kills += 1;
+        // Which checkpoint the run said it resumed from (its output up to
+        // the kill).
+        let resumed: Option<i64> = host.lines.iter().find_map(|line| {
+            line.strip_prefix("resuming from ")
+                .and_then(|rest| rest.rsplit(' ').next())
+                .and_then(|e| e.parse().ok())
+        });
+
+        if let (Some((_, epoch)), Some(seen)) = (expected, resumed) {
+            ensure!(
+                seen == epoch,
+                "kill {kills}: the run resumed after epoch {seen}, but the newest committed checkpoint holds epoch {epoch}"
+            );
+            resumes_checked += 1;
+        }
+        let now = inspect(&run_dir).with_context(|| format!("after kill {kills}"))?;
+        if let (Some((before, _)), Some((after, _))) = (newest, now) {
+            ensure!(
+                after >= before,
+                "kill {kills}: newest committed checkpoint went from {before} back to {after}"
+            );
+        }
+        ensure!(
+            !(newest.is_some() && now.is_none()),
+            "kill {kills}: every committed checkpoint disappeared"
+        );
+        newest = now;
+        if first_attempt || kills % 20 == 0 {
+            println!(
+                "kill {kills}/{}: newest committed checkpoint {newest:?}",
+                c.kills
+            );
+            first_attempt = false;
+        }
+    }
+
+    // Let it finish.
+    let mut host = start(c, &storage)?;
+    ensure!(host.child.wait()?.success(), "the final run failed");
+    check_complete(&run_dir, c.epochs)?;
+    println!(
+        "campaign passed: {kills} kills, {resumes_checked} resumes checked against the newest committed checkpoint, {finished_early} runs finished before their kill; nothing committed was lost"
+    );
+    if c.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&storage);
+    }
+    Ok(())
+}
+
+/// The run finished: every epoch was reported, and the latest checkpoint
+/// holds the last epoch and verifies.
+fn check_complete(run_dir: &Path, epochs: u32) -> anyhow::Result<()> {
+    let history = std::fs::read_to_string(run_dir.join("metrics.jsonl"))?;
+    let mut seen = vec![false; epochs as usize];
+    for line in history.lines() {
+        let record: serde_json::Value = serde_json::from_str(line)?;
+        if let Some(e) = record["metrics"]["epoch"].as_u64() {
+            seen[e as usize] = true;
+        }
+    }
+    if let Some(missing) = seen.iter().position(|s| !s) {
+        bail!("epoch {missing} was never reported");
+    }
+    let newest = inspect(run_dir)?.context("no committed checkpoint at the end")?;
+    ensure!(
+        newest.1 == i64::from(epochs) - 1,
+        "the last checkpoint holds epoch {}, not {}",
+        newest.1,
+        epochs - 1
+    );
+    Ok(())
+}
