@@ -40,6 +40,8 @@
 
 mod checkpoint;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod metrics;
 mod preemption;
 mod result;

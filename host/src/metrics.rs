@@ -234,6 +234,23 @@ mod tests {
     }
 
     #[test]
+    fn floats_round_trip_bit_for_bit() {
+        // Found by the metrics fuzz target: without serde_json's
+        // float_roundtrip this came back one ulp off.
+        for v in [
+            -1.718380660761236e-93,
+            f64::MIN_POSITIVE,
+            5e-324,
+            0.1 + 0.2,
+            f64::MAX,
+        ] {
+            let m: Metrics = [("x", MetricValue::Float(v))].into_iter().collect();
+            let back: Metrics = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+            assert_eq!(back.get("x"), Some(&MetricValue::Float(v)), "{v:e}");
+        }
+    }
+
+    #[test]
     fn refuses_empty_repeated_and_malformed_names() {
         let v = || MetricValue::Integer(1);
         assert!(Metrics::from_pairs([("".into(), v())]).is_err());

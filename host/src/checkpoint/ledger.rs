@@ -493,7 +493,12 @@ impl Ledger {
     }
 }
 
-fn parse_history(bytes: &[u8]) -> Result<Vec<ReportRecord>, String> {
+/// Parse a run state as `Ledger::open` does; `None` when unreadable.
+pub(crate) fn parse_run_state(bytes: &[u8]) -> Option<RunState> {
+    serde_json::from_slice(bytes).ok()
+}
+
+pub(crate) fn parse_history(bytes: &[u8]) -> Result<Vec<ReportRecord>, String> {
     let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     let mut out = Vec::new();
     for (i, line) in lines.iter().enumerate() {

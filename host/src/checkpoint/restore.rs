@@ -277,7 +277,7 @@ impl AsRef<Path> for CheckpointDir {
 
 /// A manifest's file path must stay inside the checkpoint: relative,
 /// `/`-separated, no empty, `.` or `..` parts. Storage is not trusted.
-fn check_relative_path(path: &str) -> Result<(), String> {
+pub(crate) fn check_relative_path(path: &str) -> Result<(), String> {
     let bad = path.is_empty()
         || path.starts_with('/')
         || path.contains('\0')

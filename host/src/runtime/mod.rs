@@ -5,7 +5,7 @@ mod bindings;
 pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
-mod sandbox;
+pub(crate) mod sandbox;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

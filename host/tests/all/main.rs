@@ -6,6 +6,7 @@ mod cloud;
 mod escape;
 mod example;
 mod failures;
+mod fuzz_corpus;
 mod limits;
 mod preemption;
 mod protocol;
