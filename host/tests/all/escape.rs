@@ -312,3 +312,29 @@ fn huge_metric_maps_and_names_are_refused_and_non_finite_values_kept() {
         "{stored}"
     );
 }
+
+#[test]
+fn a_restored_file_cannot_be_hard_linked_into_the_writable_scratch() {
+    let run = run(
+        1,
+        json!([
+            {"write": "ckpt/w", "text": "restored bytes"},
+            {"report": {}, "checkpoint": "ckpt"},
+            {"print_checkpoint": true},
+            {"hardlink": "stolen", "target": "/checkpoints/checkpoint_000000/w"},
+            {"write": "mine", "text": "x"},
+            {"hardlink": "ckpt/also-mine", "target": "mine"},
+        ]),
+    );
+    run.assert_ok();
+    let out = run.stdout(0);
+    assert!(
+        out.iter().any(|l| l.starts_with("hardlink refused")),
+        "{out:?}"
+    );
+    assert_eq!(
+        out.last().unwrap(),
+        "hardlink made",
+        "links inside the scratch directory are fine"
+    );
+}

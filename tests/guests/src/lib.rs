@@ -20,6 +20,8 @@
 //! - `{"panic": MSG}`, `{"fail": MSG}`, `{"spin": true}` (loops forever)
 //! - `{"print": TEXT}` (stdout), `{"eprint": TEXT}` (stderr)
 //! - `{"sleep_ms": N}`, `{"alloc_mb": N}`, `{"flood": BYTES}` (stdout)
+//! - `{"hardlink": LINK, "target": TARGET}`: prints `hardlink made` or
+//!   `hardlink refused: ...`
 //! - `{"sparse": PATH, "size": N}`: a sparse file of N bytes
 //! - `{"nest": DIR, "depth": N}`: N nested directories, a file at the bottom
 //! - `{"many": DIR, "count": N}`: N tiny files in 100 directories
@@ -144,6 +146,12 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
         match trainhost_guest::report(metrics, checkpoint) {
             Ok(()) => println!("report ok"),
             Err(e) => println!("report refused: {e}"),
+        }
+    } else if let Some(link) = text(step, "hardlink", vars) {
+        let target = text(step, "target", vars).ok_or("hardlink needs target")?;
+        match fs::hard_link(scratch_path(&target), scratch_path(&link)) {
+            Ok(()) => println!("hardlink made"),
+            Err(e) => println!("hardlink refused: {e}"),
         }
     } else if let Some(path) = text(step, "sparse", vars) {
         let size = step

@@ -213,35 +213,54 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
     let run_dir = storage.canonicalize()?.join(RUN);
     let mut rng = Rng(c.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
 
-    // How long a whole run takes, to spread the kills over it.
+    // How long start-up and each epoch take, to spread the kills over the
+    // work a run has left.
     let probe_dir = storage.join("probe");
     let started = Instant::now();
-    let mut probe = start(c, &probe_dir)?;
+    let probe = start(c, &probe_dir)?;
+    probe
+        .lines
+        .recv()
+        .context("the probe run printed nothing")?;
+    let startup = started.elapsed();
+    let mut probe = probe;
     ensure!(probe.child.wait()?.success(), "an uninterrupted run failed");
     let full = started.elapsed();
-    drop(probe.lines);
     std::fs::remove_dir_all(&probe_dir)?;
-    println!("an uninterrupted run of {} epochs takes {full:?}", c.epochs);
+    let per_epoch = full.saturating_sub(startup) / c.epochs;
+    println!(
+        "an uninterrupted run of {} epochs takes {full:?} ({startup:?} to start, {per_epoch:?} an epoch)",
+        c.epochs
+    );
 
     let mut newest: Option<(u64, i64)> = None;
-    let (mut kills, mut finished_early, mut resumes_checked) = (0u32, 0u32, 0u32);
-    let mut first_attempt = true;
+    let (mut kills, mut runs, mut resumes_checked) = (0u32, 0u32, 0u32);
     while kills < c.kills {
-        let mut host = start(c, &storage)?;
-        let expected = newest;
-        // Spread the kill over the work this run has left (a resumed run
-        // has fewer epochs to go), plus its start-up.
-        let done = newest.map_or(0, |(_, epoch)| (epoch + 1) as u64);
-        let left = u64::from(c.epochs).saturating_sub(done).max(1);
-        let span = full.as_millis() as u64 * left / u64::from(c.epochs) + 300;
-        std::thread::sleep(Duration::from_millis(rng.below(span)));
-        if host.child.try_wait()?.is_some() {
-            // It finished before the kill; start over with a fresh run so
-            // the campaign keeps killing runs in progress.
-            finished_early += 1;
+        let done = newest.map_or(0, |(_, epoch)| (epoch + 1) as u32);
+        if done >= c.epochs {
+            // Nothing left to interrupt: let it finish, check it, and start
+            // a new run.
+            let mut host = start(c, &storage)?;
+            ensure!(
+                host.child.wait()?.success(),
+                "a resumed run failed to finish"
+            );
             check_complete(&run_dir, c.epochs)?;
             std::fs::remove_dir_all(&run_dir)?;
             newest = None;
+            runs += 1;
+            continue;
+        }
+        let mut host = start(c, &storage)?;
+        let expected = newest;
+        let span = startup + per_epoch * (c.epochs - done);
+        std::thread::sleep(Duration::from_micros(rng.below(span.as_micros() as u64)));
+        if host.child.try_wait()?.is_some() {
+            // It finished before the kill.
+            check_complete(&run_dir, c.epochs)?;
+            std::fs::remove_dir_all(&run_dir)?;
+            newest = None;
+            runs += 1;
             continue;
         }
         host.child.kill()?;
@@ -254,7 +273,6 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
                 .and_then(|rest| rest.rsplit(' ').next())
                 .and_then(|e| e.parse().ok())
         });
-
         if let (Some((_, epoch)), Some(seen)) = (expected, resumed) {
             ensure!(
                 seen == epoch,
@@ -274,12 +292,11 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
             "kill {kills}: every committed checkpoint disappeared"
         );
         newest = now;
-        if first_attempt || kills % 20 == 0 {
+        if kills % 20 == 0 || kills == 1 {
             println!(
                 "kill {kills}/{}: newest committed checkpoint {newest:?}",
                 c.kills
             );
-            first_attempt = false;
         }
     }
 
@@ -287,8 +304,9 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
     let mut host = start(c, &storage)?;
     ensure!(host.child.wait()?.success(), "the final run failed");
     check_complete(&run_dir, c.epochs)?;
+    runs += 1;
     println!(
-        "campaign passed: {kills} kills, {resumes_checked} resumes checked against the newest committed checkpoint, {finished_early} runs finished before their kill; nothing committed was lost"
+        "campaign passed: {kills} kills over {runs} runs, {resumes_checked} resumes checked against the newest committed checkpoint; every run finished with all epochs; nothing committed was lost"
     );
     if c.dir.is_none() {
         let _ = std::fs::remove_dir_all(&storage);
