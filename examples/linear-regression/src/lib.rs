@@ -123,15 +123,16 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         // DDP style: the model is the same everywhere, rank 0 saves it.
         // Sharded: every rank saves its own slice.
         let saves = config.sharded || rank == 0;
+        let my_checkpoint = || -> Result<Option<Checkpoint>, Box<dyn std::error::Error>> {
+            if saves {
+                save(&dir, &state, epoch, config.sharded, config.padding_mb).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         let metrics = Metrics::new().with("loss", loss).with("epoch", epoch);
-        let checkpoint = if should_checkpoint && saves {
-            Some(save(
-                &dir,
-                &state,
-                epoch,
-                config.sharded,
-                config.padding_mb,
-            )?)
+        let checkpoint = if should_checkpoint {
+            my_checkpoint()?
         } else {
             None
         };
@@ -141,18 +142,7 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         // ranks take this branch together.
         if trainhost_guest::preemption_requested() {
             if !should_checkpoint {
-                let checkpoint = if saves {
-                    Some(save(
-                        &dir,
-                        &state,
-                        epoch,
-                        config.sharded,
-                        config.padding_mb,
-                    )?)
-                } else {
-                    None
-                };
-                trainhost_guest::report(metrics, checkpoint)?;
+                trainhost_guest::report(metrics, my_checkpoint()?)?;
             }
             if rank == 0 {
                 println!("preempted after epoch {epoch}; its checkpoint is committed");

@@ -99,6 +99,16 @@ struct Inner {
     history_jsonl: Vec<u8>,
 }
 
+impl Inner {
+    /// Add one report to the history, and its line to the file's bytes.
+    fn append_history(&mut self, record: ReportRecord) {
+        let mut line = serde_json::to_vec(&record).expect("reports serialize");
+        line.push(b'\n');
+        self.history_jsonl.extend_from_slice(&line);
+        self.history.push(record);
+    }
+}
+
 /// How to open a run.
 #[derive(Debug)]
 pub(crate) struct LedgerOptions<'a> {
@@ -293,16 +303,12 @@ impl Ledger {
                     report = c.report_index,
                     "restoring a history line lost when the host was killed"
                 );
-                let record = ReportRecord {
+                inner.append_history(ReportRecord {
                     report_index: c.report_index,
                     metrics: c.metrics.clone(),
                     checkpoint: Some(c.index),
                     time: manifest::now_rfc3339(),
-                };
-                let mut line = serde_json::to_vec(&record).expect("reports serialize");
-                line.push(b'\n');
-                inner.history_jsonl.extend_from_slice(&line);
-                inner.history.push(record);
+                });
             }
             Bytes::from(inner.history_jsonl.clone())
         };
@@ -476,16 +482,12 @@ impl Ledger {
         let history_bytes = {
             let mut inner = self.lock();
             inner.state.reports = report_index + 1;
-            let record = ReportRecord {
+            inner.append_history(ReportRecord {
                 report_index,
                 metrics,
                 checkpoint: committed,
                 time: manifest::now_rfc3339(),
-            };
-            let mut line = serde_json::to_vec(&record).expect("reports serialize");
-            line.push(b'\n');
-            inner.history_jsonl.extend_from_slice(&line);
-            inner.history.push(record);
+            });
             Bytes::from(inner.history_jsonl.clone())
         };
         self.storage.put(manifest::HISTORY, history_bytes).await?;
