@@ -9,6 +9,16 @@ use std::path::PathBuf;
 /// error) is not an `Error`: [`crate::Trainer::fit`] returns a
 /// [`crate::TrainResult`] whose `error` says what happened, alongside
 /// everything committed before it.
+///
+/// ```
+/// match trainhost::Checkpoint::open("/no/such/run/checkpoint_000000") {
+///     Err(trainhost::Error::NotACheckpoint { location, reason }) => {
+///         eprintln!("{location}: {reason}");
+///     }
+///     Err(other) => eprintln!("{other}"),
+///     Ok(c) => println!("{}", c.metrics()),
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

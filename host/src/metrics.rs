@@ -12,6 +12,12 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The value of one metric.
+///
+/// ```
+/// use trainhost::MetricValue;
+/// assert_eq!(MetricValue::Integer(3).as_f64(), Some(3.0));
+/// assert_eq!(MetricValue::Text("adam".into()).as_f64(), None);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetricValue {
     /// A whole number.
@@ -105,6 +111,15 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_TEXT_BYTES: usize = 4096;
 
 /// Metrics of one report, by name. Nested names use `/` (`eval/loss`).
+///
+/// ```
+/// use trainhost::{MetricValue, Metrics};
+/// let m: Metrics = [("loss", MetricValue::Float(0.5)), ("epoch", MetricValue::Integer(2))]
+///     .into_iter()
+///     .collect();
+/// assert_eq!(m.to_string(), "epoch=2 loss=0.5");
+/// assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"epoch":2,"loss":0.5}"#);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Metrics(BTreeMap<String, MetricValue>);

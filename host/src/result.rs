@@ -72,6 +72,15 @@ impl std::error::Error for RunFailure {}
 ///
 /// A run that started always yields a result, also when it failed: check
 /// [`TrainResult::error`].
+///
+/// ```no_run
+/// let result = trainhost::Trainer::builder("loop.wasm").build()?.fit()?;
+/// if let Some(e) = &result.error {
+///     eprintln!("failed after {} failures: {e}", result.failures);
+/// }
+/// std::fs::write("result.json", result.to_json().to_string())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 #[must_use = "a run may have failed: check `error`"]
 pub struct TrainResult {

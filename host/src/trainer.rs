@@ -30,6 +30,13 @@ pub const DEFAULT_REPORT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::from_secs(30);
 
 /// The guest component to run.
+///
+/// ```
+/// use trainhost::GuestSource;
+/// let from_file = GuestSource::from("target/wasm32-wasip2/release/my_loop.wasm");
+/// let from_bytes = GuestSource::from(vec![0u8; 0]); // e.g. bytes you fetched yourself
+/// # let _ = (from_file, from_bytes);
+/// ```
 #[derive(Debug, Clone)]
 pub enum GuestSource {
     /// A `.wasm` file.
@@ -83,6 +90,12 @@ impl GuestSource {
 }
 
 /// How many ranks to run (Ray's `ScalingConfig`).
+///
+/// ```
+/// let scaling = trainhost::ScalingConfig { num_workers: 4 };
+/// assert_eq!(trainhost::ScalingConfig::default().num_workers, 1);
+/// # let _ = scaling;
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScalingConfig {
     /// The number of ranks (Ray's `num_workers`). Default 1.
@@ -202,6 +215,12 @@ impl std::str::FromStr for ScoreOrder {
 }
 
 /// How many failures a run survives (Ray's `FailureConfig`).
+///
+/// ```
+/// // Restart every rank from the latest checkpoint up to 3 times.
+/// let failures = trainhost::FailureConfig { max_failures: 3 };
+/// # let _ = failures;
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FailureConfig {
     /// 0 (default): the first failure fails the run. N: restart all ranks
@@ -211,6 +230,19 @@ pub struct FailureConfig {
 }
 
 /// Where and under which name the run is recorded (Ray's `RunConfig`).
+///
+/// ```
+/// use std::time::Duration;
+/// use trainhost::{FailureConfig, RunConfig};
+/// let run = RunConfig {
+///     name: Some("mnist".into()),
+///     storage_path: "s3://team-bucket/runs".into(),
+///     failure_config: FailureConfig { max_failures: -1 },
+///     preemption_grace: Duration::from_secs(120),
+///     ..RunConfig::default()
+/// };
+/// # let _ = run;
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
     /// The run's name, its directory under `storage_path`. Default:

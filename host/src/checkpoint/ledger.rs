@@ -30,6 +30,15 @@ use crate::storage::Storage;
 use crate::{Error, Metrics};
 
 /// A committed checkpoint as the run state lists it.
+///
+/// ```
+/// let record = trainhost::CheckpointRecord {
+///     index: 7,
+///     report_index: 12,
+///     metrics: trainhost::Metrics::new(),
+/// };
+/// assert_eq!(record.dir_name(), "checkpoint_000007");
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
     /// Index in the run (`checkpoint_{index:06}`).
@@ -47,7 +56,16 @@ impl CheckpointRecord {
     }
 }
 
-/// One entry of the metrics history: one report.
+/// One entry of the metrics history: one report (see
+/// [`crate::TrainResult::metrics_history`]).
+///
+/// ```no_run
+/// let result = trainhost::Trainer::builder("loop.wasm").build()?.fit()?;
+/// for r in &result.metrics_history {
+///     println!("report {}: {} (checkpoint {:?})", r.report_index, r.metrics, r.checkpoint);
+/// }
+/// # Ok::<(), trainhost::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReportRecord {
     /// The report's index in the run, from 0.

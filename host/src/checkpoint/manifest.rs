@@ -46,7 +46,7 @@ pub fn parse_checkpoint_dir_name(name: &str) -> Option<u64> {
         .flatten()
 }
 
-/// One file of a checkpoint.
+/// One file of a checkpoint, as its [`Manifest`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
     /// Path relative to the checkpoint directory, `/`-separated.
@@ -62,6 +62,15 @@ pub struct FileEntry {
 
 /// What makes a checkpoint committed: its file list with checksums, the
 /// metrics it was reported with, and where it came from.
+///
+/// ```no_run
+/// let checkpoint = trainhost::Checkpoint::open("./trainhost_results/demo/checkpoint_000004")?;
+/// let manifest = checkpoint.manifest();
+/// for f in &manifest.files {
+///     println!("{} {} bytes sha256={} from ranks {:?}", f.path, f.size, f.sha256, f.ranks);
+/// }
+/// # Ok::<(), trainhost::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     /// Format version (1).

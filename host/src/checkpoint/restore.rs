@@ -256,6 +256,14 @@ impl Checkpoint {
 }
 
 /// A checkpoint as a local directory; see [`Checkpoint::as_directory`].
+///
+/// ```no_run
+/// let checkpoint = trainhost::Checkpoint::open("s3://bucket/runs/demo/checkpoint_000004")?;
+/// let dir = checkpoint.as_directory()?; // downloaded and verified
+/// let weights = std::fs::read(dir.path().join("model.safetensors"))?;
+/// // the download is removed when `dir` drops
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct CheckpointDir {
     path: PathBuf,

@@ -12,6 +12,12 @@ use crate::Metrics;
 use crate::metrics::MetricValue;
 
 /// Whether a higher or a lower score is better.
+///
+/// ```
+/// use trainhost::ScoreOrder;
+/// assert_eq!("min".parse::<ScoreOrder>(), Ok(ScoreOrder::Min));
+/// assert_eq!(ScoreOrder::default(), ScoreOrder::Max);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScoreOrder {

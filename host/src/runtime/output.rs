@@ -20,7 +20,7 @@ const WRITE_PERMIT: usize = 64 * 1024;
 /// How many of a rank's last stderr lines are kept to explain a trap.
 const STDERR_TAIL: usize = 8;
 
-/// Which of a rank's output streams a line came from.
+/// Which of a rank's output streams a line came from (see [`OutputSink`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
     /// The guest's stdout.
@@ -31,6 +31,24 @@ pub enum Stream {
 
 /// Receives the ranks' output, one whole line at a time (without its line
 /// ending). Called from the ranks' threads, so it must be `Sync`.
+///
+/// ```
+/// use std::sync::Mutex;
+/// use trainhost::{OutputSink, Stream};
+///
+/// /// Keeps rank 0's stdout, drops the rest.
+/// #[derive(Default)]
+/// struct Rank0(Mutex<Vec<String>>);
+///
+/// impl OutputSink for Rank0 {
+///     fn line(&self, rank: u32, stream: Stream, line: &str) {
+///         if rank == 0 && stream == Stream::Stdout {
+///             self.0.lock().unwrap().push(line.to_owned());
+///         }
+///     }
+/// }
+/// // Trainer::builder("loop.wasm").output(std::sync::Arc::new(Rank0::default()))
+/// ```
 pub trait OutputSink: Send + Sync + 'static {
     /// One line of `rank`'s `stream`.
     fn line(&self, rank: u32, stream: Stream, line: &str);
@@ -38,6 +56,11 @@ pub trait OutputSink: Send + Sync + 'static {
 
 /// The default sink: each line to the host's stdout or stderr as
 /// `[rank N] line`.
+///
+/// ```
+/// use trainhost::{OutputSink, Stream, TerminalOutput};
+/// TerminalOutput.line(3, Stream::Stdout, "epoch 1"); // prints "[rank 3] epoch 1"
+/// ```
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TerminalOutput;
 
