@@ -19,5 +19,7 @@ fi
 
 # Cloud clients must never reach for real credentials or metadata services.
 export AWS_EC2_METADATA_DISABLED=true
+# Compiled guests from test runs stay inside the tree, not in ~/.cache.
+export TRAINHOST_CACHE_DIR="$PWD/target/compile-cache"
 
 cargo test "$@"

@@ -58,6 +58,7 @@ pub use error::Error;
 pub use metrics::{MetricValue, Metrics};
 pub use preemption::Preemption;
 pub use result::{FailureKind, RunFailure, TrainResult};
+pub use runtime::cache::default_cache_dir;
 pub use runtime::limits::ResourceLimits;
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
 pub use storage::StorageOptions;

@@ -180,6 +180,18 @@ struct RunArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
     max_checkpoint_size: Option<u64>,
 
+    /// Keep compiled guests here and reuse them: a warm start skips
+    /// compiling. Entries are keyed by the guest's bytes, the wasmtime
+    /// version and engine settings; a stale one is recompiled. Default:
+    /// $TRAINHOST_CACHE_DIR, else $XDG_CACHE_HOME/trainhost, else
+    /// ~/.cache/trainhost. It holds native code: keep it private.
+    #[arg(long, value_name = "DIR", help_heading = "Performance")]
+    cache_dir: Option<PathBuf>,
+
+    /// Compile the guest on every run; read and write no compile cache.
+    #[arg(long, conflicts_with = "cache_dir", help_heading = "Performance")]
+    no_cache: bool,
+
     /// No progress bars and no informational logs (warnings and errors
     /// still show; RUST_LOG overrides).
     #[arg(short, long)]
@@ -389,6 +401,11 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         });
     if let Some(location) = args.resume_from {
         builder = builder.resume_from_checkpoint(location);
+    }
+    if !args.no_cache
+        && let Some(dir) = args.cache_dir.or_else(trainhost::default_cache_dir)
+    {
+        builder = builder.compile_cache(dir);
     }
     let preemption = Preemption::new();
     forward_signals(preemption.clone())?;

@@ -15,7 +15,7 @@ use crate::result::TrainResult;
 use crate::runtime::limits::ResourceLimits;
 use crate::runtime::output::{OutputSink, TerminalOutput};
 use crate::runtime::{
-    GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
+    CompileCache, GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
 };
 use crate::storage::{Storage, StorageOptions, is_object_store};
 use crate::sync::{SyncConfig, Syncer};
@@ -323,9 +323,22 @@ pub struct TrainerBuilder {
     resume_from: Option<String>,
     output: Option<Arc<dyn OutputSink>>,
     preemption: Option<Preemption>,
+    compile_cache: Option<PathBuf>,
 }
 
 impl TrainerBuilder {
+    /// Keep compiled guests in `dir` and load them from there next time,
+    /// instead of compiling on every run (see [`crate::default_cache_dir`]
+    /// for the CLI's default). Entries are keyed by the guest's bytes, the
+    /// wasmtime version and the engine settings; one that does not fit is
+    /// compiled again and replaced. The directory holds native code the
+    /// host runs: it must be writable only by trusted users. Default: no
+    /// cache.
+    pub fn compile_cache(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.compile_cache = Some(dir.into());
+        self
+    }
+
     /// A handle through which the caller can ask the run to stop early
     /// (see [`Preemption`]).
     pub fn preemption(mut self, preemption: Preemption) -> Self {
@@ -422,6 +435,7 @@ impl TrainerBuilder {
             resume_from: self.resume_from,
             output: self.output.unwrap_or_else(|| Arc::new(TerminalOutput)),
             preemption: self.preemption.unwrap_or_default(),
+            compile_cache: self.compile_cache.map(CompileCache::new),
         })
     }
 }
@@ -454,6 +468,7 @@ pub struct Trainer {
     resume_from: Option<String>,
     output: Arc<dyn OutputSink>,
     preemption: Preemption,
+    compile_cache: Option<CompileCache>,
 }
 
 impl Trainer {
@@ -468,6 +483,7 @@ impl Trainer {
             resume_from: None,
             output: None,
             preemption: None,
+            compile_cache: None,
         }
     }
 
@@ -501,7 +517,10 @@ impl Trainer {
             })?,
             GuestSource::Bytes(b) => b.to_vec(),
         };
-        let guest = GuestComponent::compile(&bytes, &self.guest.shown())?;
+        let started = std::time::Instant::now();
+        let (guest, cached) =
+            GuestComponent::compile(&bytes, &self.guest.shown(), self.compile_cache.as_ref())?;
+        tracing::debug!(elapsed = ?started.elapsed(), cache = ?cached, "guest ready");
 
         let run_name = self
             .run

@@ -2,6 +2,7 @@
 //! ranks. Nothing here knows about storage.
 
 mod bindings;
+pub(crate) mod cache;
 pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
@@ -20,6 +21,7 @@ pub(crate) use sandbox::RESTORE_GUEST_PATH;
 
 use crate::Error;
 use bindings::{Trainer, TrainerPre};
+pub(crate) use cache::{CacheOutcome, CompileCache};
 use rank::RankState;
 
 /// How often running guests check whether the run is stopping.
@@ -41,9 +43,13 @@ impl std::fmt::Debug for GuestComponent {
 }
 
 impl GuestComponent {
-    /// Compile `bytes` (named `shown` in errors) and link it against
-    /// trainhost's world and WASI.
-    pub fn compile(bytes: &[u8], shown: &str) -> Result<Self, Error> {
+    /// Compile `bytes` (named `shown` in errors), or load it from `cache`,
+    /// and link it against trainhost's world and WASI.
+    pub fn compile(
+        bytes: &[u8],
+        shown: &str,
+        cache: Option<&CompileCache>,
+    ) -> Result<(Self, Option<CacheOutcome>), Error> {
         let guest_err = |message: String, source: Option<wasmtime::Error>| Error::Guest {
             path: shown.to_owned(),
             message,
@@ -53,8 +59,17 @@ impl GuestComponent {
         let mut config = Config::new();
         config.epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| Error::Runtime(format!("{e:#}")))?;
-        let component = Component::new(&engine, bytes)
-            .map_err(|e| guest_err("is not a valid WebAssembly component".into(), Some(e)))?;
+        let compile = || {
+            Component::new(&engine, bytes)
+                .map_err(|e| guest_err("is not a valid WebAssembly component".into(), Some(e)))
+        };
+        let (component, outcome) = match cache {
+            Some(cache) => {
+                let (component, outcome) = cache.get_or_compile(&engine, bytes, compile)?;
+                (component, Some(outcome))
+            }
+            None => (compile()?, None),
+        };
         let mut linker = Linker::<RankState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| Error::Runtime(format!("{e:#}")))?;
@@ -79,7 +94,7 @@ impl GuestComponent {
                 Some(e),
             )
         })?;
-        Ok(Self { engine, pre })
+        Ok((Self { engine, pre }, outcome))
     }
 
     pub(crate) fn engine(&self) -> &Engine {

@@ -9,6 +9,7 @@ fn trainhost(args: &[&str], cwd: &std::path::Path) -> Output {
         .args(args)
         .current_dir(cwd)
         .env("RUST_LOG", "warn")
+        .env("TRAINHOST_CACHE_DIR", cwd.join("compile-cache"))
         .output()
         .unwrap()
 }
@@ -326,4 +327,44 @@ fn max_failures_restarts_through_the_cli() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("failures: 1"), "{stderr}");
     assert!(stderr.contains("rank 0 trapped"), "{stderr}");
+}
+
+#[test]
+fn the_compile_cache_is_filled_once_then_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_trainhost"))
+            .args([
+                "run",
+                LINEAR_REGRESSION,
+                "-c",
+                r#"{"num_epochs": 1}"#,
+                "--fresh",
+                "-n",
+                "c",
+            ])
+            .args(extra)
+            .current_dir(tmp.path())
+            .env("RUST_LOG", "trainhost=debug")
+            .env_remove("TRAINHOST_CACHE_DIR")
+            .env("HOME", tmp.path().join("home"))
+            .env_remove("XDG_CACHE_HOME")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        stderr
+    };
+    let entries = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    let cache_arg = cache.to_str().unwrap();
+    assert!(run(&["--cache-dir", cache_arg]).contains("cache=Some(Miss)"));
+    assert_eq!(entries(&cache), 1);
+    assert!(run(&["--cache-dir", cache_arg]).contains("cache=Some(Hit)"));
+    // --no-cache neither reads nor writes one.
+    assert!(run(&["--no-cache"]).contains("cache=None"));
+    assert_eq!(entries(&tmp.path().join("home/.cache/trainhost")), 0);
+    // Without either flag: the default under $HOME.
+    assert!(run(&[]).contains("cache=Some(Miss)"));
+    assert_eq!(entries(&tmp.path().join("home/.cache/trainhost")), 1);
 }
