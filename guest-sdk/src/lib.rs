@@ -185,13 +185,18 @@ pub fn preemption_requested() -> bool {
 /// Report metrics and optionally a checkpoint.
 ///
 /// Every rank must call `report` the same number of times: the call returns
-/// once the matching calls of all ranks have arrived and the checkpoint is
-/// committed to storage. The recorded metrics are rank 0's. When several
-/// ranks pass a checkpoint, the committed checkpoint holds the files of all
-/// of them (distributed checkpointing); two ranks may write the same file
-/// only with the same bytes.
+/// once the matching calls of all ranks have arrived and the host has taken
+/// the checkpoint's files: by default it copies them to a local snapshot
+/// and uploads them while training goes on (a failed upload fails the run
+/// at the next report or at the end); with the host's `--wait-for-upload`
+/// it returns once the checkpoint is committed to storage. The recorded
+/// metrics are rank 0's. When several ranks pass a checkpoint, the
+/// committed checkpoint holds the files of all of them (distributed
+/// checkpointing); two ranks may write the same file only with the same
+/// bytes.
 ///
-/// When this returns, the checkpoint directory may be deleted or reused.
+/// When this returns, the checkpoint directory may be deleted, reused or
+/// rewritten in place.
 pub fn report(metrics: impl Into<Metrics>, checkpoint: Option<Checkpoint>) -> Result<(), Error> {
     let metrics: Metrics = metrics.into();
     let checkpoint = match checkpoint {

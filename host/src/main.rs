@@ -188,6 +188,13 @@ struct RunArgs {
     #[arg(long, value_name = "DIR", help_heading = "Performance")]
     cache_dir: Option<PathBuf>,
 
+    /// Make report wait until its checkpoint is uploaded and committed.
+    /// Default: report returns once the files are copied to a local
+    /// snapshot, and the upload goes on while the ranks train (a storage
+    /// failure then fails the run at the next report or at the end).
+    #[arg(long, help_heading = "Performance")]
+    wait_for_upload: bool,
+
     /// Compile the guest on every run; read and write no compile cache.
     #[arg(long, conflicts_with = "cache_dir", help_heading = "Performance")]
     no_cache: bool,
@@ -390,6 +397,7 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 max_line_bytes: usize::try_from(args.max_line).unwrap_or(usize::MAX),
                 max_checkpoint_bytes: args.max_checkpoint_size,
             },
+            persist_in_background: !args.wait_for_upload,
             sync: args
                 .sync_command
                 .zip(args.sync_to)

@@ -274,6 +274,12 @@ pub struct RunConfig {
     pub sync: Option<SyncConfig>,
     /// What each rank may use.
     pub limits: ResourceLimits,
+    /// `true` (default): `report` returns once a checkpoint's files are
+    /// copied to a local snapshot, and the upload and commit go on in the
+    /// background while the ranks train; a storage failure fails the run
+    /// at the next report or at the end. `false`: `report` returns once
+    /// the checkpoint is committed in storage.
+    pub persist_in_background: bool,
 }
 
 impl Default for RunConfig {
@@ -289,6 +295,7 @@ impl Default for RunConfig {
             storage_options: StorageOptions::default(),
             sync: None,
             limits: ResourceLimits::default(),
+            persist_in_background: true,
         }
     }
 }
@@ -583,6 +590,7 @@ impl Trainer {
                 limits: self.run.limits.clone(),
             },
             world_size,
+            background: self.run.persist_in_background,
             handle: rt.handle().clone(),
         };
         tracing::info!(run = %run_storage.url(), ranks = world_size, "starting run");
@@ -664,6 +672,9 @@ struct Attempt<'a> {
     resume_from: Option<Checkpoint>,
     shared: RankShared,
     world_size: u32,
+    /// Persist checkpoints in the background (see
+    /// [`RunConfig::persist_in_background`]).
+    background: bool,
     handle: tokio::runtime::Handle,
 }
 
@@ -689,10 +700,12 @@ impl Attempt<'_> {
                 source,
             })?;
         }
+        let snapshots = self.background.then(|| self.work.join("snapshots"));
         let session = Arc::new(Session::new(
             self.world_size,
             report_timeout,
             Arc::clone(self.ledger),
+            snapshots,
             Arc::clone(&self.restore),
             self.resume_from.clone(),
             preemption.clone(),
@@ -738,6 +751,7 @@ impl Attempt<'_> {
                     }),
                 }
             }
+            session.finish_recording();
             done.store(true, Ordering::SeqCst);
             let _ = watcher.join();
         });
@@ -758,6 +772,7 @@ fn watch(
     const POLL: Duration = Duration::from_millis(10);
     let mut stop_at: Option<std::time::Instant> = None;
     while !done.load(Ordering::SeqCst) {
+        session.check_background();
         if preemption.is_requested() && stop_at.is_none() {
             tracing::warn!(
                 "stop requested: ranks have {} to report a final checkpoint (request again to stop at once)",

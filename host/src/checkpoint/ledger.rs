@@ -14,15 +14,14 @@
 //! directories that are not retained committed checkpoints (partial
 //! uploads, half-done deletions) are removed.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Handle;
 
-use super::capture::Capture;
 use super::manifest::{self, Manifest};
-use super::persist::{PersistError, persist};
+use super::persist::{PersistStats, Plan, Previous, persist};
 use super::restore::Checkpoint;
 use super::retention::Retention;
 use crate::result::RunFailure;
@@ -102,19 +101,14 @@ pub(crate) struct RunState {
     pub updated_at: String,
 }
 
-/// The outcome of one collective report, as the guests see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReportRefused {
-    /// Ranks wrote the same path with different bytes.
-    Collision(String),
-}
-
 struct Inner {
     state: RunState,
     history: Vec<ReportRecord>,
     /// The history file's bytes, kept so each report appends one line
     /// instead of re-serializing everything.
     history_jsonl: Vec<u8>,
+    /// The latest committed checkpoint's files, once known.
+    previous: Option<Arc<Previous>>,
 }
 
 impl Inner {
@@ -230,6 +224,7 @@ impl Ledger {
                 state,
                 history,
                 history_jsonl,
+                previous: None,
             }),
         };
         if resuming {
@@ -421,95 +416,107 @@ impl Ledger {
         Ok(())
     }
 
-    /// Record one collective report: commit a checkpoint from `captures` if
-    /// there are any, then append the report to the history. Called by one
-    /// thread at a time (the report gate's leader).
-    pub fn record(
-        &self,
-        metrics: Metrics,
-        captures: Vec<Capture>,
-        world_size: u32,
-    ) -> Result<Result<(), ReportRefused>, Error> {
-        self.handle
-            .block_on(self.record_async(metrics, captures, world_size))
+    /// The index the next report gets, and the index the next checkpoint
+    /// gets.
+    pub fn next_indices(&self) -> (u64, u64) {
+        let inner = self.lock();
+        (inner.state.reports, inner.state.next_checkpoint_index)
     }
 
-    async fn record_async(
-        &self,
-        metrics: Metrics,
-        captures: Vec<Capture>,
-        world_size: u32,
-    ) -> Result<Result<(), ReportRefused>, Error> {
-        let (report_index, checkpoint_index, run_name) = {
-            let inner = self.lock();
-            (
-                inner.state.reports,
-                inner.state.next_checkpoint_index,
-                inner.state.run_name.clone(),
-            )
-        };
-        let mut committed = None;
-        if !captures.is_empty() {
-            let dir_name = manifest::checkpoint_dir_name(checkpoint_index);
-            let dest = self.storage.child(&dir_name);
-            // A host killed mid-upload can leave files under this name with
-            // no manifest; they were never committed, so clear them first.
-            dest.delete_all("").await?;
-            let files = match persist(&dest, &captures).await {
-                Ok(files) => files,
-                Err(PersistError::Collision(msg)) => return Ok(Err(ReportRefused::Collision(msg))),
-                Err(PersistError::Failed(e)) => return Err(e),
-            };
-            let mut ranks: Vec<u32> = captures.iter().map(|c| c.rank).collect();
-            ranks.sort_unstable();
-            let manifest = Manifest {
-                format: manifest::FORMAT,
-                run_name,
-                checkpoint_index,
-                report_index,
-                metrics: metrics.clone(),
-                ranks,
-                world_size,
-                files,
-                committed_at: manifest::now_rfc3339(),
-            };
-            let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
-            dest.put(manifest::MANIFEST, Bytes::from(json)).await?;
-            tracing::info!(
-                checkpoint = %dest.url(),
-                files = manifest.files.len(),
-                bytes = manifest.total_bytes(),
-                "committed checkpoint"
-            );
-            let record = CheckpointRecord {
-                index: checkpoint_index,
-                report_index,
-                metrics: metrics.clone(),
-            };
-            self.retention.warn_unscored(&record);
-            {
-                let mut inner = self.lock();
-                inner.state.reports = report_index + 1;
-                inner.state.next_checkpoint_index = checkpoint_index + 1;
-                inner.state.checkpoints.push(record);
-            }
-            self.apply_retention().await?;
-            committed = Some(checkpoint_index);
+    /// The latest committed checkpoint's files, to share with the next one
+    /// (incremental upload). Read from its manifest once per host; `None`
+    /// if there is none or it cannot be read (then every file is sent).
+    async fn previous(&self) -> Option<Arc<Previous>> {
+        if let Some(previous) = self.lock().previous.clone() {
+            return Some(previous);
         }
+        let latest = self.lock().state.checkpoints.last()?.dir_name();
+        let storage = self.storage.child(&latest);
+        let checkpoint = Checkpoint::load(storage.clone()).await.ok()?;
+        let previous = Arc::new(Previous {
+            storage,
+            files: checkpoint.manifest().files.clone(),
+        });
+        self.lock().previous = Some(Arc::clone(&previous));
+        Some(previous)
+    }
 
-        let history_bytes = {
+    /// Commit `plan` as checkpoint `checkpoint_index` of report
+    /// `report_index`: steps 1 to 4 of the order above. Called for one
+    /// report at a time, in report order.
+    pub async fn commit(
+        &self,
+        report_index: u64,
+        checkpoint_index: u64,
+        metrics: &Metrics,
+        plan: &Plan,
+        world_size: u32,
+    ) -> Result<PersistStats, Error> {
+        let run_name = self.lock().state.run_name.clone();
+        let dir_name = manifest::checkpoint_dir_name(checkpoint_index);
+        let dest = self.storage.child(&dir_name);
+        // A host killed mid-upload can leave files under this name with no
+        // manifest; they were never committed, so clear them first.
+        dest.delete_all("").await?;
+        let previous = self.previous().await;
+        let (files, stats) = persist(&dest, plan, previous).await?;
+        let manifest = Manifest {
+            format: manifest::FORMAT,
+            run_name,
+            checkpoint_index,
+            report_index,
+            metrics: metrics.clone(),
+            ranks: plan.ranks.clone(),
+            world_size,
+            files,
+            committed_at: manifest::now_rfc3339(),
+        };
+        let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
+        dest.put(manifest::MANIFEST, Bytes::from(json)).await?;
+        tracing::info!(
+            checkpoint = %dest.url(),
+            files = manifest.files.len(),
+            bytes = manifest.total_bytes(),
+            reused_files = stats.reused.0,
+            "committed checkpoint"
+        );
+        let record = CheckpointRecord {
+            index: checkpoint_index,
+            report_index,
+            metrics: metrics.clone(),
+        };
+        self.retention.warn_unscored(&record);
+        {
             let mut inner = self.lock();
             inner.state.reports = report_index + 1;
-            inner.append_history(ReportRecord {
-                report_index,
-                metrics,
-                checkpoint: committed,
-                time: manifest::now_rfc3339(),
-            });
-            Bytes::from(inner.history_jsonl.clone())
-        };
-        self.storage.put(manifest::HISTORY, history_bytes).await?;
-        Ok(Ok(()))
+            inner.state.next_checkpoint_index = checkpoint_index + 1;
+            inner.state.checkpoints.push(record);
+            inner.previous = Some(Arc::new(Previous {
+                storage: dest,
+                files: manifest.files,
+            }));
+        }
+        self.apply_retention().await?;
+        Ok(stats)
+    }
+
+    /// Add report `report_index` to the history in memory; `write_history`
+    /// stores it (step 5).
+    pub fn append_report(&self, report_index: u64, metrics: Metrics, checkpoint: Option<u64>) {
+        let mut inner = self.lock();
+        inner.state.reports = report_index + 1;
+        inner.append_history(ReportRecord {
+            report_index,
+            metrics,
+            checkpoint,
+            time: manifest::now_rfc3339(),
+        });
+    }
+
+    /// Store the metrics history as it is in memory.
+    pub async fn write_history(&self) -> Result<(), Error> {
+        let bytes = Bytes::from(self.lock().history_jsonl.clone());
+        self.storage.put(manifest::HISTORY, bytes).await
     }
 }
 

@@ -1,126 +1,132 @@
 //! Persisting the files of one report: merging the ranks' captures into one
-//! file list, refusing collisions, and streaming each file to storage once.
+//! file plan, refusing collisions, taking a snapshot of the plan when the
+//! upload continues in the background, and sending each file to storage
+//! once (or not at all when the previous checkpoint already holds it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
 
+use cap_std::fs::Dir;
 use futures::{StreamExt, TryStreamExt};
 use sha2::{Digest, Sha256};
 
 use super::capture::Capture;
 use super::manifest::FileEntry;
 use crate::Error;
-use crate::storage::Storage;
+use crate::storage::{Meter, Storage};
 
 /// How many files are uploaded at once.
 const CONCURRENT_FILES: usize = 8;
 
-/// Why a report's files could not be persisted.
+/// Why a report's files could not be planned.
 #[derive(Debug)]
-pub(crate) enum PersistError {
+pub(crate) enum PlanError {
     /// Ranks disagree about a file's bytes: the guest's mistake, reported to
     /// every rank; nothing was written.
     Collision(String),
-    /// Storage or local I/O failed: the run's failure.
+    /// Local I/O failed: the run's failure.
     Failed(Error),
 }
 
-/// One file to upload: which capture holds it, and every rank that has it.
-struct Planned<'a> {
-    path: &'a str,
-    size: u64,
-    source: &'a Capture,
-    ranks: Vec<u32>,
+/// One file of a checkpoint to persist: where its bytes are now, and every
+/// rank that reported it.
+#[derive(Debug, Clone)]
+pub(crate) struct PlannedFile {
+    pub path: String,
+    pub size: u64,
+    /// The directory holding `path`: a rank's checkpoint directory, or a
+    /// snapshot of it.
+    pub source: Arc<Dir>,
+    pub ranks: Vec<u32>,
 }
 
-/// Merge the captures (R7), then upload every file below `dest`. Returns
-/// the manifest entries, sorted by path.
-pub(crate) async fn persist(
-    dest: &Storage,
-    captures: &[Capture],
-) -> Result<Vec<FileEntry>, PersistError> {
-    let plan = merge(captures)?;
-    let total = plan.iter().map(|p| p.size).sum();
-    let meter = dest.meter(
-        total,
-        format!("↑ {}", dest.url().rsplit('/').next().unwrap_or_default()),
-    );
-    let meter = &meter;
-    let uploads = plan.into_iter().map(|p| async move {
-        let file = p
-            .source
-            .dir
-            .open(p.path)
-            .map_err(|source| Error::Io {
-                path: p.path.into(),
-                operation: "open a checkpoint file",
-                source,
-            })?
-            .into_std();
-        let sha256 = dest
-            .upload_file(p.path, tokio::fs::File::from_std(file), p.size, meter)
-            .await?;
-        Ok::<_, Error>(FileEntry {
-            path: p.path.to_owned(),
-            size: p.size,
-            sha256,
-            ranks: p.ranks,
+/// The files of one checkpoint, sorted by path, and the ranks that
+/// contributed.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub files: Vec<PlannedFile>,
+    pub ranks: Vec<u32>,
+}
+
+impl Plan {
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// The union of all ranks' files (R7). A path reported by several ranks
+/// must have the same bytes everywhere (compared by size, then SHA-256 of
+/// each copy); only the first copy is persisted.
+pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
+    let captures: Vec<Shared> = captures
+        .into_iter()
+        .map(|c| Shared {
+            rank: c.rank,
+            dir: Arc::new(c.dir),
+            files: c.files,
         })
-    });
-    let mut entries: Vec<FileEntry> = futures::stream::iter(uploads)
-        .buffer_unordered(CONCURRENT_FILES)
-        .try_collect()
-        .await
-        .map_err(PersistError::Failed)?;
-    meter.finish();
-    entries.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(entries)
-}
-
-/// The union of all ranks' files. A path reported by several ranks must
-/// have the same bytes everywhere (compared by size, then SHA-256 of each
-/// copy); only the first copy is uploaded.
-fn merge(captures: &[Capture]) -> Result<Vec<Planned<'_>>, PersistError> {
-    let mut by_path: BTreeMap<&str, Vec<(&Capture, u64)>> = BTreeMap::new();
-    for c in captures {
+        .collect();
+    let mut by_path: BTreeMap<&str, Vec<Copy<'_>>> = BTreeMap::new();
+    for c in &captures {
         for (path, size) in &c.files {
-            by_path.entry(path).or_default().push((c, *size));
+            by_path.entry(path).or_default().push(Copy {
+                rank: c.rank,
+                dir: &c.dir,
+                size: *size,
+            });
         }
     }
-    let mut plan = Vec::with_capacity(by_path.len());
+    let mut files = Vec::with_capacity(by_path.len());
     for (path, copies) in by_path {
-        let (first, size) = copies[0];
         if copies.len() > 1 {
             check_identical(path, &copies)?;
         }
-        plan.push(Planned {
-            path,
-            size,
-            source: first,
-            ranks: copies.iter().map(|(c, _)| c.rank).collect(),
+        files.push(PlannedFile {
+            path: path.to_owned(),
+            size: copies[0].size,
+            source: Arc::clone(copies[0].dir),
+            ranks: copies.iter().map(|c| c.rank).collect(),
         });
     }
-    Ok(plan)
+    let mut ranks: Vec<u32> = captures.iter().map(|c| c.rank).collect();
+    ranks.sort_unstable();
+    Ok(Plan { files, ranks })
 }
 
-fn check_identical(path: &str, copies: &[(&Capture, u64)]) -> Result<(), PersistError> {
+/// A capture whose directory the plan's files can share.
+struct Shared {
+    rank: u32,
+    dir: Arc<Dir>,
+    files: Vec<(String, u64)>,
+}
+
+/// One rank's copy of a path.
+struct Copy<'a> {
+    rank: u32,
+    dir: &'a Arc<Dir>,
+    size: u64,
+}
+
+fn check_identical(path: &str, copies: &[Copy<'_>]) -> Result<(), PlanError> {
     let describe = |groups: Vec<(String, Vec<u32>)>| {
         let parts: Vec<String> = groups
             .into_iter()
             .map(|(what, ranks)| format!("ranks {ranks:?} wrote {what}"))
             .collect();
-        PersistError::Collision(format!(
+        PlanError::Collision(format!(
             "file {path:?} differs between ranks: {}; give each rank's file its own name (e.g. with the rank in it) or write identical bytes",
             parts.join(", ")
         ))
     };
-    let sizes = group(copies.iter().map(|(c, s)| (format!("{s} bytes"), c.rank)));
+    let sizes = group(copies.iter().map(|c| (format!("{} bytes", c.size), c.rank)));
     if sizes.len() > 1 {
         return Err(describe(sizes));
     }
     let mut digests = Vec::with_capacity(copies.len());
-    for (c, _) in copies {
-        let digest = sha256_of(&c.dir, path).map_err(PersistError::Failed)?;
+    for c in copies {
+        let digest = sha256_of(c.dir, path).map_err(PlanError::Failed)?;
         digests.push((format!("sha256 {}", &digest[..12]), c.rank));
     }
     let digests = group(digests.into_iter());
@@ -142,7 +148,7 @@ fn group(items: impl Iterator<Item = (String, u32)>) -> Vec<(String, Vec<u32>)> 
     groups
 }
 
-fn sha256_of(dir: &cap_std::fs::Dir, path: &str) -> Result<String, Error> {
+fn sha256_of(dir: &Dir, path: &str) -> Result<String, Error> {
     let io_err = |source| Error::Io {
         path: path.into(),
         operation: "read a checkpoint file",
@@ -159,4 +165,198 @@ fn sha256_of(dir: &cap_std::fs::Dir, path: &str) -> Result<String, Error> {
         hasher.update(&buf[..n]);
     }
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// Copy the plan's files below `staging` (a host directory that must not
+/// exist yet) and point the plan at the copies, so the guests may change
+/// their directories as soon as `report` returns (R8).
+///
+/// A hard link would not do: a guest that rewrites a file in place (open
+/// with truncate, then write) changes the linked copy too. `std::io::copy`
+/// between files uses `copy_file_range`, which the kernel turns into a
+/// reflink (no data copied) on filesystems that share extents (XFS, Btrfs)
+/// and an in-kernel copy elsewhere.
+pub(crate) fn snapshot(plan: Plan, staging: &Path) -> Result<Plan, Error> {
+    let io_err = |path: &Path, operation, source| Error::Io {
+        path: path.to_path_buf(),
+        operation,
+        source,
+    };
+    std::fs::create_dir_all(staging)
+        .map_err(|e| io_err(staging, "create the checkpoint snapshot directory", e))?;
+    let root = Arc::new(
+        Dir::open_ambient_dir(staging, cap_std::ambient_authority())
+            .map_err(|e| io_err(staging, "open the checkpoint snapshot directory", e))?,
+    );
+    let mut files = Vec::with_capacity(plan.files.len());
+    for file in plan.files {
+        let target = staging.join(&file.path);
+        if let Some((parent, _)) = file.path.rsplit_once('/') {
+            root.create_dir_all(parent)
+                .map_err(|e| io_err(&target, "create a snapshot directory", e))?;
+        }
+        let mut from = file
+            .source
+            .open(&file.path)
+            .map_err(|e| io_err(Path::new(&file.path), "open a checkpoint file", e))?
+            .into_std();
+        let mut to = root
+            .create(&file.path)
+            .map_err(|e| io_err(&target, "create a snapshot file", e))?
+            .into_std();
+        let copied = std::io::copy(&mut from, &mut to)
+            .map_err(|e| io_err(&target, "copy a checkpoint file into the snapshot", e))?;
+        if copied != file.size {
+            return Err(io_err(
+                Path::new(&file.path),
+                "snapshot a checkpoint file",
+                std::io::Error::other(format!(
+                    "it holds {copied} bytes, {} when listed: the guest changed it during report",
+                    file.size
+                )),
+            ));
+        }
+        files.push(PlannedFile {
+            source: Arc::clone(&root),
+            ..file
+        });
+    }
+    Ok(Plan {
+        files,
+        ranks: plan.ranks,
+    })
+}
+
+/// The checkpoint committed before this one, whose files a new checkpoint
+/// may share instead of sending them again.
+#[derive(Debug)]
+pub(crate) struct Previous {
+    pub storage: Storage,
+    pub files: Vec<FileEntry>,
+}
+
+/// What one persist did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PersistStats {
+    /// Files and bytes sent to storage.
+    pub uploaded: (usize, u64),
+    /// Files and bytes copied from the previous checkpoint in storage.
+    pub reused: (usize, u64),
+}
+
+/// Persist every file of `plan` below `dest`. A file whose size and
+/// SHA-256 equal a file of `previous` is copied there inside the store
+/// (server-side, or a hard link on local storage) instead of uploaded.
+/// Returns the manifest entries, sorted by path.
+pub(crate) async fn persist(
+    dest: &Storage,
+    plan: &Plan,
+    previous: Option<Arc<Previous>>,
+) -> Result<(Vec<FileEntry>, PersistStats), Error> {
+    // Only files whose size matches one in the previous checkpoint are
+    // hashed up front; every other file is hashed while it is uploaded.
+    let mut by_size: HashMap<u64, Vec<FileEntry>> = HashMap::new();
+    if let Some(previous) = &previous {
+        for entry in &previous.files {
+            by_size.entry(entry.size).or_default().push(entry.clone());
+        }
+    }
+    let by_size = Arc::new(by_size);
+    let meter = dest.meter(
+        plan.total_bytes(),
+        format!("↑ {}", dest.url().rsplit('/').next().unwrap_or_default()),
+    );
+    // Each file's future owns what it uses, so the whole persist can run
+    // as a spawned task.
+    let uploads: Vec<_> = plan
+        .files
+        .iter()
+        .map(|file| {
+            persist_file(
+                dest.clone(),
+                file.clone(),
+                previous.clone(),
+                Arc::clone(&by_size),
+                meter.clone(),
+            )
+        })
+        .collect();
+    let done: Vec<(FileEntry, bool)> = futures::stream::iter(uploads)
+        .buffer_unordered(CONCURRENT_FILES)
+        .try_collect()
+        .await?;
+    meter.finish();
+    let mut stats = PersistStats::default();
+    let mut entries = Vec::with_capacity(done.len());
+    for (entry, reused) in done {
+        let slot = if reused {
+            &mut stats.reused
+        } else {
+            &mut stats.uploaded
+        };
+        slot.0 += 1;
+        slot.1 += entry.size;
+        entries.push(entry);
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((entries, stats))
+}
+
+/// Persist one file; `true` with the entry if it was copied from
+/// `previous` rather than uploaded.
+async fn persist_file(
+    dest: Storage,
+    file: PlannedFile,
+    previous: Option<Arc<Previous>>,
+    by_size: Arc<HashMap<u64, Vec<FileEntry>>>,
+    meter: Meter,
+) -> Result<(FileEntry, bool), Error> {
+    let entry = |sha256| FileEntry {
+        path: file.path.clone(),
+        size: file.size,
+        sha256,
+        ranks: file.ranks.clone(),
+    };
+    if let (Some(previous), Some(candidates)) = (&previous, by_size.get(&file.size)) {
+        let (dir, path) = (Arc::clone(&file.source), file.path.clone());
+        let digest = tokio::task::spawn_blocking(move || sha256_of(&dir, &path))
+            .await
+            .map_err(|e| Error::Runtime(format!("hashing a checkpoint file: {e}")))??;
+        if let Some(same) = candidates.iter().find(|c| c.sha256 == digest) {
+            dest.copy_from(&previous.storage, &same.path, &file.path)
+                .await?;
+            // Trust, but check: a store that answers a copy request
+            // without copying (some emulators) would otherwise commit an
+            // empty file. The upload below replaces it.
+            let copied = dest.size(&file.path).await?;
+            if copied == file.size {
+                meter.inc(file.size);
+                return Ok((entry(digest), true));
+            }
+            tracing::warn!(
+                store = %dest.url(),
+                "the store's copy of {} holds {copied} bytes instead of {}; uploading it instead (server-side copies look unsupported)",
+                file.path,
+                file.size
+            );
+        }
+    }
+    let handle = file
+        .source
+        .open(&file.path)
+        .map_err(|source| Error::Io {
+            path: file.path.clone().into(),
+            operation: "open a checkpoint file",
+            source,
+        })?
+        .into_std();
+    let sha256 = dest
+        .upload_file(
+            &file.path,
+            tokio::fs::File::from_std(handle),
+            file.size,
+            &meter,
+        )
+        .await?;
+    Ok((entry(sha256), false))
 }

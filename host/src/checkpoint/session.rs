@@ -10,7 +10,8 @@ use tokio::runtime::Handle;
 
 use super::capture::Capture;
 use super::gate::{Aborted, ReportGate};
-use super::ledger::{Ledger, ReportRefused};
+use super::ledger::Ledger;
+use super::recorder::{Recorder, ReportRefused};
 use super::restore::{Checkpoint, RestoreCache, RestoreFailed};
 use crate::Metrics;
 use crate::preemption::Preemption;
@@ -33,9 +34,9 @@ enum Outcome {
 /// Shared by the ranks of one attempt.
 #[derive(Debug)]
 pub(crate) struct Session {
-    world_size: u32,
     gate: ReportGate<Arrival, Outcome>,
     ledger: Arc<Ledger>,
+    recorder: Recorder,
     restore: Arc<RestoreCache>,
     resume_from: Option<Checkpoint>,
     preemption: Preemption,
@@ -58,18 +59,22 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// `snapshots`: where checkpoints are copied so that `report` returns
+    /// before they are uploaded; `None` to return once committed.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         world_size: u32,
         report_timeout: std::time::Duration,
         ledger: Arc<Ledger>,
+        snapshots: Option<std::path::PathBuf>,
         restore: Arc<RestoreCache>,
         resume_from: Option<Checkpoint>,
         preemption: Preemption,
         handle: Handle,
     ) -> Self {
         Self {
-            world_size,
             gate: ReportGate::new(world_size as usize, report_timeout),
+            recorder: Recorder::start(Arc::clone(&ledger), world_size, snapshots, handle.clone()),
             ledger,
             restore,
             resume_from,
@@ -185,14 +190,14 @@ impl Session {
                 .collect();
             // Rank 0's metrics are the report's (R6).
             let metrics = std::mem::take(&mut arrivals[0].metrics);
-            let outcome = match self.ledger.record(metrics, captures, self.world_size) {
+            let outcome = match self.recorder.record(metrics, captures) {
                 Ok(Ok(())) => Outcome::Recorded,
                 Ok(Err(refused)) => Outcome::Refused(refused),
-                Err(e) => {
+                Err(message) => {
                     self.fail(RunFailure {
                         rank: None,
                         kind: FailureKind::Storage,
-                        message: crate::error::chain(&e),
+                        message,
                     });
                     Outcome::Failed
                 }
@@ -223,6 +228,33 @@ impl Session {
         }
     }
 
+    /// Fail the attempt if writing reports in the background failed, so
+    /// that ranks stop without waiting for their next report.
+    pub fn check_background(&self) {
+        if let Some(message) = self.recorder.failure() {
+            self.fail(RunFailure {
+                rank: None,
+                kind: FailureKind::Storage,
+                message,
+            });
+        }
+    }
+
+    /// Write every report recorded in this attempt to storage; a failure
+    /// to do so fails the attempt. Called once the ranks have ended.
+    pub fn finish_recording(&self) {
+        if let Err(message) = self.recorder.finish() {
+            if self.failure().is_some() {
+                tracing::error!("writing reports to storage failed as well: {message}");
+            }
+            self.fail(RunFailure {
+                rank: None,
+                kind: FailureKind::Storage,
+                message,
+            });
+        }
+    }
+
     /// Rank `rank` returned from `train` after `reports` reports.
     pub fn finish(&self, rank: u32, reports: u64) {
         if let Err(violation) = self.gate.finish(rank as usize, reports) {
@@ -239,6 +271,16 @@ impl Session {
     /// none.
     pub fn get_checkpoint(&self, rank: u32) -> Result<Option<String>, Aborted> {
         self.touch(rank);
+        // A checkpoint reported earlier in this attempt may still be on its
+        // way to storage; it is the latest once committed.
+        if let Err(message) = self.recorder.flush() {
+            self.fail(RunFailure {
+                rank: None,
+                kind: FailureKind::Storage,
+                message,
+            });
+            return Err(Aborted);
+        }
         self.handle
             .block_on(self.resolve_checkpoint())
             .map_err(|message| {

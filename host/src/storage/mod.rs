@@ -196,6 +196,18 @@ impl Storage {
         }
     }
 
+    /// Copy the object at `source`/`from` to `to` below this location
+    /// without sending its bytes again: a server-side copy on object
+    /// stores, a hard link on local storage. Both locations must be in the
+    /// same store (children of one [`Storage`]).
+    pub async fn copy_from(&self, source: &Storage, from: &str, to: &str) -> Result<(), Error> {
+        debug_assert!(Arc::ptr_eq(&self.store, &source.store));
+        self.store
+            .copy(&source.object_path(from), &self.object_path(to))
+            .await
+            .map_err(|e| self.error(format!("copy {}/{from} to {to}", source.url), e))
+    }
+
     /// Store `data` at `relative`, replacing what was there.
     pub async fn put(&self, relative: &str, data: Bytes) -> Result<(), Error> {
         self.store
@@ -357,6 +369,15 @@ impl Storage {
         }
         out.flush().await.map_err(io_err)?;
         Ok((size, hex::encode(hasher.finalize())))
+    }
+
+    /// The size of the object at `relative`, from its metadata.
+    pub async fn size(&self, relative: &str) -> Result<u64, Error> {
+        self.store
+            .head(&self.object_path(relative))
+            .await
+            .map(|meta| meta.size)
+            .map_err(|e| self.error(format!("read the metadata of {relative}"), e))
     }
 
     /// The size and SHA-256 of the object at `relative`, read as a stream.

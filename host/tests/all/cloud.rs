@@ -600,3 +600,89 @@ fn a_failing_sync_command_is_reported_with_its_output() {
         assert!(stderr.contains(expected), "{stderr}");
     }
 }
+
+/// On an object store, a file unchanged since the previous checkpoint is
+/// copied by the server, not sent again: counted at a proxy in front of S3.
+#[test]
+fn s3_copies_unchanged_files_server_side() {
+    let Some(moto) = servers::moto() else { return };
+    servers::s3(moto.port, moto.port, "incremental");
+    let proxy = Proxy::start(moto.port, i64::MAX);
+    let backend = servers::s3_existing(proxy.port, "incremental");
+    let steps = json!([
+        {"write": "ck/frozen.bin", "bytes": BIG, "seed": 3},
+        {"write": "ck/step", "text": "0"},
+        {"report": {"epoch": 0}, "checkpoint": "ck"},
+        {"write": "ck/step", "text": "1"},
+        {"report": {"epoch": 1}, "checkpoint": "ck"},
+        {"write": "ck/step", "text": "2"},
+        {"report": {"epoch": 2}, "checkpoint": "ck"},
+    ]);
+    let result = Trainer::builder(TEST_GUEST)
+        .train_loop_config(json!({ "steps": steps }))
+        .run_config(RunConfig {
+            name: Some("inc".into()),
+            storage_path: backend.url.clone(),
+            storage_options: backend.options.clone(),
+            ..Default::default()
+        })
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    assert!(result.error.is_none(), "{:?}", result.error);
+    let sent = proxy.sent();
+    assert!(
+        sent < (BIG as u64) * 3 / 2,
+        "{sent} bytes went to the server for three checkpoints sharing one {BIG}-byte file"
+    );
+    let listed =
+        trainhost::committed_checkpoints_with(&format!("{}/inc", backend.url), &backend.options)
+            .unwrap();
+    assert_eq!(indexes(&listed), [2, 1, 0]);
+    for c in &listed {
+        c.verify().unwrap();
+    }
+}
+
+/// With the upload in the background, losing the server fails the run
+/// while the loop is still busy: a rank that never reports again is
+/// stopped, not left training on with nothing saved.
+#[test]
+fn a_background_upload_failure_stops_a_busy_loop() {
+    let Some(moto) = servers::moto() else { return };
+    let direct = servers::s3(moto.port, moto.port, "busy");
+    let proxy = Proxy::start(moto.port, BUDGET);
+    let backend = servers::s3_existing(proxy.port, "busy");
+    let steps = json!([
+        {"write": "small/w", "text": "committed before the outage"},
+        {"report": {"step": 0}, "checkpoint": "small"},
+        {"write": "big/weights.bin", "bytes": 48_000_000, "seed": 4},
+        {"report": {"step": 1}, "checkpoint": "big"},
+        {"spin": true},
+    ]);
+    let result = Trainer::builder(TEST_GUEST)
+        .train_loop_config(json!({ "steps": steps }))
+        .run_config(RunConfig {
+            name: Some("busy".into()),
+            storage_path: backend.url.clone(),
+            storage_options: StorageOptions {
+                max_retries: 1,
+                retry_timeout: Duration::from_secs(5),
+                ..backend.options.clone()
+            },
+            ..Default::default()
+        })
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    assert!(proxy.is_down());
+    let e = result.error.expect("the failed upload fails the run");
+    assert_eq!(e.kind, FailureKind::Storage, "{e}");
+    let listed =
+        trainhost::committed_checkpoints_with(&format!("{}/busy", direct.url), &direct.options)
+            .unwrap();
+    assert_eq!(indexes(&listed), [0]);
+    listed[0].verify().unwrap();
+}

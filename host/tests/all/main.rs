@@ -8,6 +8,7 @@ mod example;
 mod failures;
 mod fuzz_corpus;
 mod limits;
+mod persistence;
 mod preemption;
 mod protocol;
 mod report;

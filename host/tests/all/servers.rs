@@ -348,6 +348,8 @@ pub struct Proxy {
 struct ProxyState {
     down: AtomicBool,
     budget: AtomicI64,
+    /// Bytes clients sent through the proxy.
+    sent: std::sync::atomic::AtomicU64,
     live: Mutex<Vec<TcpStream>>,
 }
 
@@ -368,6 +370,7 @@ impl Proxy {
         let state = Arc::new(ProxyState {
             down: AtomicBool::new(false),
             budget: AtomicI64::new(budget),
+            sent: Default::default(),
             live: Mutex::new(Vec::new()),
         });
         let st = Arc::clone(&state);
@@ -401,6 +404,11 @@ impl Proxy {
         self.state.down.store(false, Ordering::SeqCst);
     }
 
+    /// Bytes clients have sent through the proxy so far.
+    pub fn sent(&self) -> u64 {
+        self.state.sent.load(Ordering::SeqCst)
+    }
+
     /// Whether the budget ran out (or it was cut).
     pub fn is_down(&self) -> bool {
         self.state.down.load(Ordering::SeqCst)
@@ -418,6 +426,7 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, budget: Option<Arc<ProxyState>>)
             if state.down.load(Ordering::SeqCst) {
                 break;
             }
+            state.sent.fetch_add(n as u64, Ordering::SeqCst);
             if state.budget.fetch_sub(n as i64, Ordering::SeqCst) < n as i64 {
                 state.cut();
                 break;

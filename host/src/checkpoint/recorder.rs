@@ -1,0 +1,357 @@
+//! Recording reports: one background task per attempt writes them to
+//! storage, in report order, while the ranks go on training.
+//!
+//! The gate's leader hands each collective report to [`Recorder::record`].
+//! A report's checkpoint is planned there (ranks' files merged, collisions
+//! refused to the guests), and then:
+//!
+//! - in the background mode (the default), the planned files are copied to
+//!   a local snapshot and `report` returns; the task uploads and commits the
+//!   snapshot. The guests may change their directories at once (R8).
+//! - in the blocking mode, `report` returns once the checkpoint is
+//!   committed and the report is in the history, as the task says so.
+//!
+//! Either way one task does the storage writes, so their order is the order
+//! of the ledger (R9, R11, R12, R18). Memory and disk stay bounded: one
+//! checkpoint is persisted at a time (a second one waits in `report` for
+//! the first, so at most one snapshot exists), and at most [`QUEUE`]
+//! reports wait to be written. Reports without a checkpoint that arrive
+//! faster than storage takes them are written together: the history file
+//! is stored once for all of them.
+//!
+//! A storage failure is never silent: the task stops writing, the next
+//! `report` (or the watcher, or the end of the attempt) fails the run with
+//! it, and everything committed before stays as it was.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use tokio::runtime::Handle;
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+use super::capture::Capture;
+use super::ledger::Ledger;
+use super::persist::{Plan, PlanError, merge};
+use super::{manifest, persist};
+use crate::Metrics;
+
+/// Reports that may wait to be written before `report` waits too.
+const QUEUE: usize = 1024;
+
+/// A report the guests get back as an error; the run goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReportRefused {
+    /// Ranks wrote the same path with different bytes.
+    Collision(String),
+}
+
+/// Writes an attempt's reports to storage; see the module's description.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    /// Where snapshots go in the background mode; `None` blocks instead.
+    snapshots: Option<PathBuf>,
+    handle: Handle,
+    queue: mpsc::Sender<Message>,
+    /// One permit: the checkpoint being persisted holds it.
+    slot: Arc<Semaphore>,
+    failed: Arc<Mutex<Option<String>>>,
+    /// The next report's index and the next checkpoint's index.
+    next: Mutex<(u64, u64)>,
+    worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+enum Message {
+    Report(Job),
+    /// Answered once everything before it is written.
+    Flush(oneshot::Sender<()>),
+}
+
+struct Job {
+    report_index: u64,
+    metrics: Metrics,
+    checkpoint: Option<Pending>,
+    /// In the blocking mode: told once the report is written.
+    done: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+/// A checkpoint planned (and in the background mode, snapshotted) but not
+/// yet committed.
+struct Pending {
+    index: u64,
+    plan: Plan,
+    /// The snapshot to remove once persisted.
+    snapshot: Option<PathBuf>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.snapshot
+            && let Err(e) = std::fs::remove_dir_all(dir)
+        {
+            tracing::warn!(dir = %dir.display(), "cannot remove a checkpoint snapshot: {e}");
+        }
+    }
+}
+
+impl Recorder {
+    /// Start the writing task on `handle`. `snapshots` is the directory for
+    /// snapshots in the background mode, `None` for the blocking mode.
+    pub fn start(
+        ledger: Arc<Ledger>,
+        world_size: u32,
+        snapshots: Option<PathBuf>,
+        handle: Handle,
+    ) -> Self {
+        let (queue, rx) = mpsc::channel(QUEUE);
+        let failed = Arc::new(Mutex::new(None));
+        let next = ledger.next_indices();
+        let worker = handle.spawn(write_reports(ledger, world_size, rx, Arc::clone(&failed)));
+        Self {
+            snapshots,
+            handle,
+            queue,
+            slot: Arc::new(Semaphore::new(1)),
+            failed,
+            next: Mutex::new(next),
+            worker: Mutex::new(Some(worker)),
+        }
+    }
+
+    /// The storage failure that stopped the writing task, if any.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.failed).clone()
+    }
+
+    /// Record one collective report with rank 0's `metrics` and the
+    /// captures of the ranks that passed a checkpoint. `Err` is a failure
+    /// of the run (storage or local I/O), with its message.
+    pub fn record(
+        &self,
+        metrics: Metrics,
+        captures: Vec<Capture>,
+    ) -> Result<Result<(), ReportRefused>, String> {
+        if let Some(message) = self.failure() {
+            return Err(message);
+        }
+        let plan = if captures.is_empty() {
+            None
+        } else {
+            match merge(captures) {
+                Ok(plan) => Some(plan),
+                Err(PlanError::Collision(msg)) => return Ok(Err(ReportRefused::Collision(msg))),
+                Err(PlanError::Failed(e)) => return Err(crate::error::chain(&e)),
+            }
+        };
+        let checkpoint = match plan {
+            None => None,
+            Some(plan) => {
+                // Wait for the previous checkpoint to be persisted: this
+                // bounds memory and snapshot disk to one checkpoint.
+                let slot = self
+                    .handle
+                    .block_on(Arc::clone(&self.slot).acquire_owned())
+                    .expect("the semaphore is never closed");
+                if let Some(message) = self.failure() {
+                    return Err(message);
+                }
+                let index = lock(&self.next).1;
+                let (plan, snapshot) = match &self.snapshots {
+                    Some(root) => {
+                        let dir = root.join(manifest::checkpoint_dir_name(index));
+                        let _ = std::fs::remove_dir_all(&dir);
+                        match persist::snapshot(plan, &dir) {
+                            Ok(plan) => (plan, Some(dir)),
+                            Err(e) => {
+                                let _ = std::fs::remove_dir_all(&dir);
+                                return Err(crate::error::chain(&e));
+                            }
+                        }
+                    }
+                    None => (plan, None),
+                };
+                Some(Pending {
+                    index,
+                    plan,
+                    snapshot,
+                    _slot: slot,
+                })
+            }
+        };
+        let report_index = {
+            let mut next = lock(&self.next);
+            let report_index = next.0;
+            next.0 += 1;
+            if checkpoint.is_some() {
+                next.1 += 1;
+            }
+            report_index
+        };
+        let (done, wait) = if self.snapshots.is_none() {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let job = Job {
+            report_index,
+            metrics,
+            checkpoint,
+            done,
+        };
+        if self.queue.blocking_send(Message::Report(job)).is_err() {
+            return Err(self.stopped());
+        }
+        match wait {
+            None => Ok(Ok(())),
+            Some(rx) => match rx.blocking_recv() {
+                Ok(result) => result.map(Ok),
+                Err(_) => Err(self.stopped()),
+            },
+        }
+    }
+
+    /// Wait until everything recorded so far is written. Returns the
+    /// storage failure that stopped the task, if any.
+    pub fn flush(&self) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        if self.queue.blocking_send(Message::Flush(tx)).is_ok() {
+            let _ = rx.blocking_recv();
+        }
+        match self.failure() {
+            Some(message) => Err(message),
+            None => Ok(()),
+        }
+    }
+
+    /// Write everything recorded so far and stop the task. Returns the
+    /// storage failure that stopped it, if any.
+    pub fn finish(&self) -> Result<(), String> {
+        let result = self.flush();
+        if let Some(worker) = lock(&self.worker).take() {
+            // Idle now: everything sent before the flush is written.
+            worker.abort();
+            let _ = self.handle.block_on(worker);
+        }
+        result
+    }
+
+    /// The message for a task that is gone.
+    fn stopped(&self) -> String {
+        self.failure()
+            .unwrap_or_else(|| "the task writing reports to storage stopped".into())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The writing task: reports in order, each checkpoint committed before the
+/// history lines after it are stored.
+async fn write_reports(
+    ledger: Arc<Ledger>,
+    world_size: u32,
+    mut rx: mpsc::Receiver<Message>,
+    failed: Arc<Mutex<Option<String>>>,
+) {
+    let mut writer = Writer {
+        ledger,
+        world_size,
+        failed,
+        unwritten: false,
+    };
+    loop {
+        let message = match rx.try_recv() {
+            Ok(message) => message,
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
+                // Nothing waiting: store the lines so far in one write.
+                let _ = writer.write_history().await;
+                match rx.recv().await {
+                    Some(message) => message,
+                    None => return,
+                }
+            }
+        };
+        match message {
+            Message::Flush(tx) => {
+                let _ = writer.write_history().await;
+                let _ = tx.send(());
+            }
+            Message::Report(mut job) => {
+                let done = job.done.take();
+                let result = writer.write(job).await;
+                if let Some(done) = done {
+                    let _ = done.send(result);
+                }
+            }
+        }
+    }
+}
+
+/// The writing task's state.
+struct Writer {
+    ledger: Arc<Ledger>,
+    world_size: u32,
+    failed: Arc<Mutex<Option<String>>>,
+    /// History lines appended in memory but not yet stored.
+    unwritten: bool,
+}
+
+impl Writer {
+    /// Keep the first failure; nothing is written after it.
+    fn fail(&self, e: &crate::Error) -> String {
+        lock(&self.failed)
+            .get_or_insert_with(|| crate::error::chain(e))
+            .clone()
+    }
+
+    /// Store the history if lines are waiting.
+    async fn write_history(&mut self) -> Result<(), String> {
+        if let Some(message) = lock(&self.failed).clone() {
+            return Err(message);
+        }
+        if self.unwritten {
+            self.unwritten = false;
+            if let Err(e) = self.ledger.write_history().await {
+                return Err(self.fail(&e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Commit the job's checkpoint, if any, and append the report to the
+    /// history; in the blocking mode store the history too.
+    async fn write(&mut self, job: Job) -> Result<(), String> {
+        if let Some(message) = lock(&self.failed).clone() {
+            return Err(message);
+        }
+        let mut committed = None;
+        if let Some(pending) = job.checkpoint {
+            // Lines of earlier reports go first (R9): a host killed during
+            // the commit must not lose them.
+            self.write_history().await?;
+            let stats = self
+                .ledger
+                .commit(
+                    job.report_index,
+                    pending.index,
+                    &job.metrics,
+                    &pending.plan,
+                    self.world_size,
+                )
+                .await
+                .map_err(|e| self.fail(&e))?;
+            tracing::debug!(checkpoint = pending.index, ?stats, "persisted");
+            committed = Some(pending.index);
+        }
+        self.ledger
+            .append_report(job.report_index, job.metrics, committed);
+        self.unwritten = true;
+        if job.done.is_some() {
+            self.write_history().await?;
+        }
+        Ok(())
+    }
+}

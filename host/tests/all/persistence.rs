@@ -1,0 +1,134 @@
+//! How reported checkpoints reach storage: in the background or before
+//! `report` returns, and without sending unchanged files twice.
+
+use std::os::unix::fs::MetadataExt;
+
+use serde_json::json;
+use trainhost::{Checkpoint, RunConfig};
+
+use crate::util::*;
+
+/// Report a checkpoint, then at once rewrite one file in place, delete one
+/// and add one, and report again: each checkpoint holds exactly what its
+/// report saw (R8), whether the upload runs in the background or not.
+#[test]
+fn the_guest_may_change_its_directory_as_soon_as_report_returns() {
+    for background in [true, false] {
+        let steps = json!([
+            {"write": "ck/a", "text": "first"},
+            {"write": "ck/b", "bytes": 3_000_000, "seed": 1},
+            {"report": {"epoch": 0}, "checkpoint": "ck"},
+            // In place: same inode, truncated and rewritten.
+            {"write": "ck/a", "text": "second"},
+            {"remove": "ck/b"},
+            {"write": "ck/c", "text": "new"},
+            {"report": {"epoch": 1}, "checkpoint": "ck"},
+            {"remove": "ck"},
+            {"report": {"epoch": 2}},
+        ]);
+        let (builder, storage, lines) = scripted(2, steps);
+        let builder = builder.run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: storage.path().display().to_string(),
+            persist_in_background: background,
+            ..RunConfig::default()
+        });
+        let run = finish(builder, storage, lines);
+        run.assert_ok();
+        let dir = run.dir();
+        let read = |p: &str| std::fs::read(dir.join(p)).unwrap();
+        assert_eq!(
+            read("checkpoint_000000/a"),
+            b"first",
+            "background={background}"
+        );
+        assert_eq!(read("checkpoint_000000/b"), pseudo_random(3_000_000, 1));
+        assert!(!dir.join("checkpoint_000000/c").exists());
+        assert_eq!(read("checkpoint_000001/a"), b"second");
+        assert_eq!(read("checkpoint_000001/c"), b"new");
+        assert!(!dir.join("checkpoint_000001/b").exists());
+        for c in ["checkpoint_000000", "checkpoint_000001"] {
+            Checkpoint::open(dir.join(c).to_str().unwrap())
+                .unwrap()
+                .verify()
+                .unwrap();
+        }
+        let history: Vec<_> = run
+            .result
+            .metrics_history
+            .iter()
+            .map(|r| (r.report_index, r.checkpoint))
+            .collect();
+        assert_eq!(history, [(0, Some(0)), (1, Some(1)), (2, None)]);
+        let stored = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        assert_eq!(stored.lines().count(), 3, "every report is in storage");
+    }
+}
+
+/// Many reports without a checkpoint in a row: every one is recorded, in
+/// order, although the history file is written fewer times.
+#[test]
+fn a_burst_of_reports_is_recorded_in_order() {
+    let steps: Vec<_> = (0..2000).map(|i| json!({"report": {"i": i}})).collect();
+    let run = run(2, json!(steps));
+    run.assert_ok();
+    let stored = std::fs::read_to_string(run.dir().join("metrics.jsonl")).unwrap();
+    let indices: Vec<u64> = stored
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["report_index"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(indices, (0..2000).collect::<Vec<_>>());
+}
+
+/// A file unchanged since the previous checkpoint is linked there on local
+/// storage instead of written again; changed files are written. Retention
+/// deleting the older checkpoint leaves the newer one whole.
+#[test]
+fn unchanged_files_are_linked_to_the_previous_checkpoint() {
+    let steps = json!([
+        {"write": "ck/frozen.bin", "bytes": 2_000_000, "seed": 7},
+        {"write": "ck/same-size.bin", "bytes": 1000, "seed": 1},
+        {"write": "ck/step", "text": "0"},
+        {"report": {"epoch": 0}, "checkpoint": "ck"},
+        // Same size, other bytes: must not be taken for the old one.
+        {"write": "ck/same-size.bin", "bytes": 1000, "seed": 2},
+        {"write": "ck/step", "text": "1"},
+        // An unchanged file under a new name is shared as well.
+        {"write": "ck/renamed.bin", "bytes": 2_000_000, "seed": 7},
+        {"report": {"epoch": 1}, "checkpoint": "ck"},
+    ]);
+    let (builder, storage, lines) = scripted(1, steps);
+    let builder = builder.run_config(RunConfig {
+        name: Some("t".into()),
+        storage_path: storage.path().display().to_string(),
+        checkpoint_config: trainhost::CheckpointConfig {
+            num_to_keep: Some(1),
+            ..Default::default()
+        },
+        ..RunConfig::default()
+    });
+    // Keep the first checkpoint's inodes: retention deletes it at the end.
+    let run = finish(builder, storage, lines);
+    run.assert_ok();
+    let dir = run.dir();
+    assert_eq!(checkpoint_dirs(&dir), ["checkpoint_000001"]);
+    let meta = |p: &str| std::fs::metadata(dir.join("checkpoint_000001").join(p)).unwrap();
+    // Linked, then the first checkpoint's link was deleted by retention.
+    assert_eq!(
+        meta("frozen.bin").nlink(),
+        2,
+        "frozen.bin and renamed.bin share one file"
+    );
+    assert_eq!(meta("frozen.bin").ino(), meta("renamed.bin").ino());
+    assert_eq!(meta("same-size.bin").nlink(), 1);
+    let checkpoint = Checkpoint::open(dir.join("checkpoint_000001").to_str().unwrap()).unwrap();
+    checkpoint.verify().unwrap();
+    assert_eq!(
+        std::fs::read(dir.join("checkpoint_000001/same-size.bin")).unwrap(),
+        pseudo_random(1000, 2)
+    );
+}

@@ -1,0 +1,176 @@
+//! The guest the benchmarks run. The config's `mode` picks what it does;
+//! timings are taken inside the guest with the WASI monotonic clock and
+//! reported as metrics of the last report (or printed, across a restart).
+
+use std::fs;
+use std::hint::black_box;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use trainhost_guest::{Checkpoint, Metrics};
+
+#[derive(Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+enum Bench {
+    /// `reports` reports without a checkpoint, then as many calls of a
+    /// trivial import (`world-rank`) for the floor of a host call.
+    Report { reports: u32 },
+    /// A checkpoint of `files` (count, size in bytes each) reported
+    /// `reports` times with new bytes each time, then once unchanged.
+    Checkpoint { files: Vec<(u32, u64)>, reports: u32 },
+    /// `steps` SGD steps of a linear model with `dim` features on batches
+    /// of `batch` rows.
+    Sgd { steps: u32, dim: usize, batch: usize },
+    /// First attempt: commit a checkpoint of `bytes`, print the time and
+    /// trap. Second: restore it, print the time, return.
+    Restart { bytes: u64 },
+    /// One report, then return.
+    Start,
+}
+
+fn train(bench: Bench) -> Result<(), String> {
+    match bench {
+        Bench::Report { reports } => report_loop(reports),
+        Bench::Checkpoint { files, reports } => checkpoints(&files, reports),
+        Bench::Sgd { steps, dim, batch } => sgd(steps, dim, batch),
+        Bench::Restart { bytes } => restart(bytes),
+        Bench::Start => report(Metrics::new().with("started", true), None),
+    }
+}
+
+trainhost_guest::entry!(train);
+
+fn report(metrics: Metrics, checkpoint: Option<&str>) -> Result<(), String> {
+    trainhost_guest::report(metrics, checkpoint.map(Checkpoint::from_directory))
+        .map_err(|e| e.to_string())
+}
+
+fn per_call(elapsed: std::time::Duration, n: u32) -> f64 {
+    elapsed.as_nanos() as f64 / f64::from(n.max(1))
+}
+
+fn report_loop(reports: u32) -> Result<(), String> {
+    let started = Instant::now();
+    for i in 0..reports {
+        report(Metrics::new().with("i", i), None)?;
+    }
+    let report_ns = per_call(started.elapsed(), reports);
+    let started = Instant::now();
+    for _ in 0..reports {
+        black_box(trainhost_guest::world_rank());
+    }
+    let call_ns = per_call(started.elapsed(), reports);
+    report(
+        Metrics::new()
+            .with("report_ns", report_ns)
+            .with("call_ns", call_ns),
+        None,
+    )
+}
+
+/// Fill `dir` with the layout's files, their bytes drawn from `seed`.
+fn write_files(dir: &Path, files: &[(u32, u64)], seed: u64) -> Result<(), String> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    for (group, &(count, size)) in files.iter().enumerate() {
+        let sub = dir.join(format!("group-{group}"));
+        fs::create_dir_all(&sub).map_err(|e| e.to_string())?;
+        for i in 0..count {
+            let mut f = fs::File::create(sub.join(format!("f{i:05}.bin"))).map_err(|e| e.to_string())?;
+            let mut left = size;
+            while left > 0 {
+                let n = left.min(buf.len() as u64) as usize;
+                for chunk in buf[..n].chunks_mut(8) {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+                }
+                f.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+                left -= n as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn checkpoints(files: &[(u32, u64)], reports: u32) -> Result<(), String> {
+    let dir = Path::new("ck");
+    let mut first_ns = 0.0;
+    let mut changed = std::time::Duration::ZERO;
+    for r in 0..reports {
+        write_files(dir, files, u64::from(r) + 1)?;
+        let started = Instant::now();
+        report(Metrics::new().with("r", r), Some("ck"))?;
+        if r == 0 {
+            first_ns = started.elapsed().as_nanos() as f64;
+        } else {
+            changed += started.elapsed();
+        }
+    }
+    let started = Instant::now();
+    report(Metrics::new().with("r", reports), Some("ck"))?;
+    let unchanged_ns = started.elapsed().as_nanos() as f64;
+    report(
+        Metrics::new()
+            .with("first_ns", first_ns)
+            .with("changed_ns", per_call(changed, reports - 1))
+            .with("unchanged_ns", unchanged_ns),
+        None,
+    )
+}
+
+fn sgd(steps: u32, dim: usize, batch: usize) -> Result<(), String> {
+    let (mut x, mut y) = (vec![0.0; dim * batch], vec![0.0; batch]);
+    trainhost_bench_kernel::problem(batch, dim, 7, &mut x, &mut y);
+    let (mut w, mut grad) = (vec![0.0; dim], vec![0.0; dim]);
+    // Warm up caches and the allocator.
+    for _ in 0..steps / 10 {
+        trainhost_bench_kernel::sgd_step(&mut w, &mut grad, &x, &y, 0.01);
+    }
+    let started = Instant::now();
+    let mut loss = 0.0;
+    for _ in 0..steps {
+        loss = trainhost_bench_kernel::sgd_step(&mut w, &mut grad, black_box(&x), &y, 0.01);
+    }
+    let step_ns = per_call(started.elapsed(), steps);
+    report(
+        Metrics::new()
+            .with("step_ns", step_ns)
+            .with("loss", f64::from(loss)),
+        None,
+    )
+}
+
+fn wall_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or_default()
+}
+
+fn restart(bytes: u64) -> Result<(), String> {
+    match trainhost_guest::get_checkpoint() {
+        None => {
+            write_files(Path::new("ck"), &[(1, bytes)], 1)?;
+            report(Metrics::new().with("attempt", 0), Some("ck"))?;
+            println!("failing_at_us {}", wall_us());
+            panic!("planned failure");
+        }
+        Some(checkpoint) => {
+            let mut read = 0;
+            for entry in fs::read_dir(checkpoint.path().join("group-0")).map_err(|e| e.to_string())? {
+                read += fs::read(entry.map_err(|e| e.to_string())?.path())
+                    .map_err(|e| e.to_string())?
+                    .len() as u64;
+            }
+            if read != bytes {
+                return Err(format!("restored {read} bytes, expected {bytes}"));
+            }
+            println!("running_again_at_us {}", wall_us());
+            report(Metrics::new().with("attempt", 1), None)
+        }
+    }
+}
