@@ -753,6 +753,7 @@ impl Attempt<'_> {
             }
             session.finish_recording();
             done.store(true, Ordering::SeqCst);
+            watcher.thread().unpark();
             let _ = watcher.join();
         });
         drop(ticker);
@@ -814,7 +815,8 @@ fn watch(
             });
             return;
         }
-        std::thread::sleep(POLL);
+        // Parked, so that the end of the attempt wakes it at once.
+        std::thread::park_timeout(POLL);
     }
 }
 

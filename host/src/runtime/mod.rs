@@ -175,7 +175,9 @@ impl EpochTicker {
             .name("trainhost-epoch".into())
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
-                    std::thread::sleep(EPOCH_TICK);
+                    // Parked rather than asleep, so that dropping the
+                    // ticker does not wait out a tick.
+                    std::thread::park_timeout(EPOCH_TICK);
                     engine.increment_epoch();
                 }
             })
@@ -188,6 +190,7 @@ impl Drop for EpochTicker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }

@@ -343,7 +343,10 @@ fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
         Err(e) => match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
             Some(exit) if exit.0 == 0 => Ok(store.data().reports),
             Some(exit) => Err(fail(FailureKind::Exit, format!("exit status {}", exit.0))),
-            None => Err(fail(FailureKind::Trap, format!("{e:?}"))),
+            // `{:#}`: the trap and the guest's wasm backtrace. Not `{:?}`,
+            // which with RUST_BACKTRACE set also symbolizes the host's own
+            // stack: noise for the user, and ~100 ms on every failure.
+            None => Err(fail(FailureKind::Trap, format!("{e:#}"))),
         },
     }
 }
