@@ -38,6 +38,8 @@
 //! `SEMANTICS` rules cited throughout as R1..R26.
 #![deny(missing_docs)]
 
+#[doc(hidden)]
+pub mod bench;
 mod checkpoint;
 mod error;
 #[doc(hidden)]

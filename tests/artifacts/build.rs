@@ -32,6 +32,11 @@ const GUESTS: &[(&str, &str, &str)] = &[
         "linear_regression",
         "TRAINHOST_LINEAR_REGRESSION",
     ),
+    (
+        "trainhost-bench-guest",
+        "trainhost_bench_guest",
+        "TRAINHOST_BENCH_GUEST",
+    ),
 ];
 
 fn main() {
@@ -49,6 +54,8 @@ fn main() {
         "tests/guests",
         "tests/guest-other-wit",
         "examples/linear-regression",
+        "tools/bench/guest",
+        "tools/bench/kernel",
         ".cargo",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());

@@ -7,6 +7,9 @@ pub const TEST_GUEST: &str = env!("TRAINHOST_TEST_GUEST");
 /// The linear-regression example (`examples/linear-regression`).
 pub const LINEAR_REGRESSION: &str = env!("TRAINHOST_LINEAR_REGRESSION");
 
+/// The benchmarks' guest (`tools/bench/guest`).
+pub const BENCH_GUEST: &str = env!("TRAINHOST_BENCH_GUEST");
+
 /// A WASI command (`fn main`), not a trainhost guest.
 pub const NOT_A_TRAINER: &str = env!("TRAINHOST_NOT_A_TRAINER");
 

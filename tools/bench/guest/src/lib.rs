@@ -19,10 +19,17 @@ enum Bench {
     Report { reports: u32 },
     /// A checkpoint of `files` (count, size in bytes each) reported
     /// `reports` times with new bytes each time, then once unchanged.
-    Checkpoint { files: Vec<(u32, u64)>, reports: u32 },
+    Checkpoint {
+        files: Vec<(u32, u64)>,
+        reports: u32,
+    },
     /// `steps` SGD steps of a linear model with `dim` features on batches
     /// of `batch` rows.
-    Sgd { steps: u32, dim: usize, batch: usize },
+    Sgd {
+        steps: u32,
+        dim: usize,
+        batch: usize,
+    },
     /// First attempt: commit a checkpoint of `bytes`, print the time and
     /// trap. Second: restore it, print the time, return.
     Restart { bytes: u64 },
@@ -78,7 +85,8 @@ fn write_files(dir: &Path, files: &[(u32, u64)], seed: u64) -> Result<(), String
         let sub = dir.join(format!("group-{group}"));
         fs::create_dir_all(&sub).map_err(|e| e.to_string())?;
         for i in 0..count {
-            let mut f = fs::File::create(sub.join(format!("f{i:05}.bin"))).map_err(|e| e.to_string())?;
+            let mut f =
+                fs::File::create(sub.join(format!("f{i:05}.bin"))).map_err(|e| e.to_string())?;
             let mut left = size;
             while left > 0 {
                 let n = left.min(buf.len() as u64) as usize;
@@ -154,6 +162,7 @@ fn wall_us() -> u128 {
 fn restart(bytes: u64) -> Result<(), String> {
     match trainhost_guest::get_checkpoint() {
         None => {
+            println!("started_at_us {}", wall_us());
             write_files(Path::new("ck"), &[(1, bytes)], 1)?;
             report(Metrics::new().with("attempt", 0), Some("ck"))?;
             println!("failing_at_us {}", wall_us());
@@ -161,7 +170,9 @@ fn restart(bytes: u64) -> Result<(), String> {
         }
         Some(checkpoint) => {
             let mut read = 0;
-            for entry in fs::read_dir(checkpoint.path().join("group-0")).map_err(|e| e.to_string())? {
+            for entry in
+                fs::read_dir(checkpoint.path().join("group-0")).map_err(|e| e.to_string())?
+            {
                 read += fs::read(entry.map_err(|e| e.to_string())?.path())
                     .map_err(|e| e.to_string())?
                     .len() as u64;

@@ -1,0 +1,51 @@
+//! Entry points for the benchmark suite (`tools/bench`): the host's own
+//! code paths, run on their own so they can be timed against a baseline.
+//! Not part of the public API.
+
+use std::path::Path;
+
+use crate::checkpoint::{capture, merge, persist};
+use crate::storage::{Storage, StorageOptions};
+use crate::{Error, runtime::CompileCache};
+
+/// Persist the files below `dir` to `<storage>/<name>` as a checkpoint's
+/// files are persisted (streamed, hashed, eight at a time), without a
+/// manifest. Returns the number of files and bytes.
+pub fn persist_directory(
+    dir: &Path,
+    storage: &str,
+    name: &str,
+    options: &StorageOptions,
+) -> Result<(usize, u64), Error> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            operation: "start the async runtime",
+            source,
+        })?;
+    let handle = cap_std::fs::Dir::open_ambient_dir(dir, cap_std::ambient_authority()).map_err(
+        |source| Error::Io {
+            path: dir.to_path_buf(),
+            operation: "open the directory",
+            source,
+        },
+    )?;
+    let shown = dir.display().to_string();
+    let captured = capture(0, handle, &shown).map_err(Error::InvalidConfig)?;
+    let plan = merge(vec![captured])
+        .map_err(|_| Error::InvalidConfig("one capture cannot collide with itself".into()))?;
+    let dest = Storage::open(storage, options)?.child(name);
+    let (entries, _) = rt.block_on(persist(&dest, &plan, None))?;
+    Ok((entries.len(), entries.iter().map(|e| e.size).sum()))
+}
+
+/// Compile `guest` with the host's engine settings, through the compile
+/// cache in `cache` if given. Returns whether the cache had it.
+pub fn compile(guest: &[u8], cache: Option<&Path>) -> Result<bool, Error> {
+    let cache = cache.map(CompileCache::new);
+    let (_, outcome) = crate::runtime::GuestComponent::compile(guest, "<bench>", cache.as_ref())?;
+    Ok(outcome == Some(crate::runtime::CacheOutcome::Hit))
+}
