@@ -285,32 +285,6 @@ fn describe(layout: &[(u32, u64)]) -> String {
         .join(" + ")
 }
 
-/// Write `layout`'s files below `dir` (same sizes as the guest writes).
-fn write_layout(dir: &Path, layout: &[(u32, u64)]) -> Result<()> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut buf = vec![0u8; 1 << 20];
-    for (group, &(count, size)) in layout.iter().enumerate() {
-        let sub = dir.join(format!("group-{group}"));
-        std::fs::create_dir_all(&sub)?;
-        for i in 0..count {
-            let mut f = std::fs::File::create(sub.join(format!("f{i:05}.bin")))?;
-            let mut left = size;
-            while left > 0 {
-                let n = left.min(buf.len() as u64) as usize;
-                for chunk in buf[..n].chunks_mut(8) {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-                }
-                std::io::Write::write_all(&mut f, &buf[..n])?;
-                left -= n as u64;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Wall time of a command, and the CPU time it used (user + system).
 fn time_command(cmd: &mut Command) -> Result<(Duration, Duration)> {
     let cpu = children_cpu();
@@ -358,7 +332,7 @@ fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
         let layout = layout(total);
         let work = tempfile::tempdir()?;
         let src = work.path().join("src");
-        write_layout(&src, &layout)?;
+        trainhost_bench_kernel::write_layout(&src, &layout, 1)?;
         let (mut cp, mut ours) = (Vec::new(), Vec::new());
         for i in 0..reps {
             let dst = work.path().join(format!("cp-{i}"));
@@ -547,26 +521,7 @@ fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
 
 fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
     let (steps, dim, batch) = (if quick { 2_000 } else { 20_000 }, 256, 64);
-    let native = || {
-        let (mut x, mut y) = (vec![0.0; dim * batch], vec![0.0; batch]);
-        trainhost_bench_kernel::problem(batch, dim, 7, &mut x, &mut y);
-        let (mut w, mut grad) = (vec![0.0; dim], vec![0.0; dim]);
-        for _ in 0..steps / 10 {
-            trainhost_bench_kernel::sgd_step(&mut w, &mut grad, &x, &y, 0.01);
-        }
-        let started = Instant::now();
-        let mut loss = 0.0;
-        for _ in 0..steps {
-            loss = trainhost_bench_kernel::sgd_step(
-                &mut w,
-                &mut grad,
-                std::hint::black_box(&x),
-                &y,
-                0.01,
-            );
-        }
-        (started.elapsed().as_nanos() as f64 / steps as f64, loss)
-    };
+    let native = || trainhost_bench_kernel::time_sgd(steps, dim, batch);
     let storage = tempfile::tempdir()?;
     let config = json!({"mode": "sgd", "steps": steps, "dim": dim, "batch": batch});
     let guest = |limits: ResourceLimits| -> Result<(f64, f64)> {
@@ -695,7 +650,7 @@ fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
     ]))?;
     let work = tempfile::tempdir()?;
     let layout = [(if quick { 2 } else { 8 }, 16u64 << 20)];
-    write_layout(work.path(), &layout)?;
+    trainhost_bench_kernel::write_layout(work.path(), &layout, 1)?;
     let options = StorageOptions {
         options: vec![
             ("aws_endpoint".into(), endpoint.clone()),

@@ -4,7 +4,6 @@
 
 use std::fs;
 use std::hint::black_box;
-use std::io::Write;
 use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -77,31 +76,8 @@ fn report_loop(reports: u32) -> Result<(), String> {
     )
 }
 
-/// Fill `dir` with the layout's files, their bytes drawn from `seed`.
 fn write_files(dir: &Path, files: &[(u32, u64)], seed: u64) -> Result<(), String> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut buf = vec![0u8; 1 << 20];
-    for (group, &(count, size)) in files.iter().enumerate() {
-        let sub = dir.join(format!("group-{group}"));
-        fs::create_dir_all(&sub).map_err(|e| e.to_string())?;
-        for i in 0..count {
-            let mut f =
-                fs::File::create(sub.join(format!("f{i:05}.bin"))).map_err(|e| e.to_string())?;
-            let mut left = size;
-            while left > 0 {
-                let n = left.min(buf.len() as u64) as usize;
-                for chunk in buf[..n].chunks_mut(8) {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
-                }
-                f.write_all(&buf[..n]).map_err(|e| e.to_string())?;
-                left -= n as u64;
-            }
-        }
-    }
-    Ok(())
+    trainhost_bench_kernel::write_layout(dir, files, seed).map_err(|e| e.to_string())
 }
 
 fn checkpoints(files: &[(u32, u64)], reports: u32) -> Result<(), String> {
@@ -131,19 +107,7 @@ fn checkpoints(files: &[(u32, u64)], reports: u32) -> Result<(), String> {
 }
 
 fn sgd(steps: u32, dim: usize, batch: usize) -> Result<(), String> {
-    let (mut x, mut y) = (vec![0.0; dim * batch], vec![0.0; batch]);
-    trainhost_bench_kernel::problem(batch, dim, 7, &mut x, &mut y);
-    let (mut w, mut grad) = (vec![0.0; dim], vec![0.0; dim]);
-    // Warm up caches and the allocator.
-    for _ in 0..steps / 10 {
-        trainhost_bench_kernel::sgd_step(&mut w, &mut grad, &x, &y, 0.01);
-    }
-    let started = Instant::now();
-    let mut loss = 0.0;
-    for _ in 0..steps {
-        loss = trainhost_bench_kernel::sgd_step(&mut w, &mut grad, black_box(&x), &y, 0.01);
-    }
-    let step_ns = per_call(started.elapsed(), steps);
+    let (step_ns, loss) = trainhost_bench_kernel::time_sgd(steps, dim, batch);
     report(
         Metrics::new()
             .with("step_ns", step_ns)
