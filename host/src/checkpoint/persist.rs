@@ -317,6 +317,9 @@ async fn persist_file(
         sha256,
         ranks: file.ranks.clone(),
     };
+    // Set when the file was hashed to look for it in `previous`, so that
+    // the upload does not hash it again.
+    let mut known_sha256 = None;
     if let (Some(previous), Some(candidates)) = (&previous, by_size.get(&file.size)) {
         let (dir, path) = (Arc::clone(&file.source), file.path.clone());
         let digest = tokio::task::spawn_blocking(move || sha256_of(&dir, &path))
@@ -340,6 +343,7 @@ async fn persist_file(
                 file.size
             );
         }
+        known_sha256 = Some(digest);
     }
     let handle = file
         .source
@@ -351,12 +355,7 @@ async fn persist_file(
         })?
         .into_std();
     let sha256 = dest
-        .upload_file(
-            &file.path,
-            tokio::fs::File::from_std(handle),
-            file.size,
-            &meter,
-        )
+        .upload_file(&file.path, handle, file.size, known_sha256, &meter)
         .await?;
     Ok((entry(sha256), false))
 }

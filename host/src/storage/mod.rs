@@ -24,6 +24,7 @@ pub use backends::StorageOptions;
 use crate::Error;
 
 mod backends;
+mod local;
 mod progress;
 
 pub(crate) use progress::Meter;
@@ -40,6 +41,9 @@ const MAX_PARTS_IN_FLIGHT: usize = 4;
 #[derive(Clone, Debug)]
 pub struct Storage {
     store: Arc<dyn ObjectStore>,
+    /// The same store when it is a local directory: files are then written
+    /// straight to the filesystem (see [`Storage::upload_file`]).
+    local: Option<Arc<LocalFileSystem>>,
     root: ObjectPath,
     url: String,
     /// Whether transfers draw progress bars.
@@ -66,6 +70,7 @@ impl Storage {
             let prefix = location.trim_start_matches("memory://").trim_matches('/');
             return Ok(Self {
                 store: Arc::new(InMemory::new()),
+                local: None,
                 root: ObjectPath::from(prefix),
                 url: format!("memory:///{prefix}"),
                 progress: false,
@@ -89,6 +94,7 @@ impl Storage {
             let (store, root) = backends::cloud(location, &url, options)?;
             return Ok(Self {
                 store,
+                local: None,
                 root,
                 url: location.trim_end_matches('/').to_owned(),
                 progress: options.progress,
@@ -139,8 +145,10 @@ impl Storage {
             .map_err(|e| Error::InvalidConfig(format!("storage directory {}: {e}", abs.display())))?
             // Deleting a checkpoint's files removes its now empty directories.
             .with_automatic_cleanup(true);
+        let store = Arc::new(store);
         Ok(Self {
-            store: Arc::new(store),
+            local: Some(Arc::clone(&store)),
+            store,
             root: ObjectPath::default(),
             url: abs.display().to_string(),
             progress,
@@ -157,6 +165,7 @@ impl Storage {
         };
         Self {
             store: Arc::clone(&self.store),
+            local: self.local.clone(),
             root,
             url,
             progress: self.progress,
@@ -268,7 +277,8 @@ impl Storage {
             .collect())
     }
 
-    /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256.
+    /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256
+    /// (`known_sha256` when the caller already hashed it).
     ///
     /// Small files go up in one request; large ones as a multipart upload
     /// whose parts are sent concurrently. Memory use is bounded whatever the
@@ -277,12 +287,25 @@ impl Storage {
     pub async fn upload_file(
         &self,
         relative: &str,
-        mut file: tokio::fs::File,
+        file: std::fs::File,
         size: u64,
+        known_sha256: Option<String>,
         meter: &Meter,
     ) -> Result<String, Error> {
         let location = self.object_path(relative);
-        let mut hasher = Sha256::new();
+        if let Some(local) = &self.local {
+            let target = local
+                .path_to_filesystem(&location)
+                .map_err(|e| self.error(format!("upload {relative}"), e))?;
+            let (shown, meter) = (relative.to_owned(), meter.clone());
+            return tokio::task::spawn_blocking(move || {
+                local::write_file(file, &shown, &target, size, known_sha256, &meter)
+            })
+            .await
+            .map_err(|e| Error::Runtime(format!("writing {relative}: {e}")))?;
+        }
+        let mut file = tokio::fs::File::from_std(file);
+        let mut hasher = known_sha256.is_none().then(Sha256::new);
         let mut read = 0u64;
         let io_err = |source: std::io::Error| Error::Io {
             path: relative.into(),
@@ -298,7 +321,9 @@ impl Storage {
                 .map_err(io_err)?;
             read = buf.len() as u64;
             check_size(relative, size, read)?;
-            hasher.update(&buf);
+            if let Some(hasher) = &mut hasher {
+                hasher.update(&buf);
+            }
             self.store
                 .put(&location, PutPayload::from(buf))
                 .await
@@ -324,7 +349,9 @@ impl Storage {
                     break;
                 }
                 read += n as u64;
-                hasher.update(&buf[..n]);
+                if let Some(hasher) = &mut hasher {
+                    hasher.update(&buf[..n]);
+                }
                 if let Err(e) = writer.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
                     return Err(self.error(format!("upload {relative}"), e));
                 }
@@ -340,7 +367,10 @@ impl Storage {
                 .await
                 .map_err(|e| self.error(format!("finish upload of {relative}"), e))?;
         }
-        Ok(hex::encode(hasher.finalize()))
+        Ok(match hasher {
+            Some(hasher) => hex::encode(hasher.finalize()),
+            None => known_sha256.expect("hashed unless known"),
+        })
     }
 
     /// Stream the object at `relative` into `out`, returning the number of
@@ -413,7 +443,7 @@ pub fn is_object_store(location: &str) -> bool {
         && !location.starts_with("memory://")
 }
 
-fn check_size(relative: &str, expected: u64, read: u64) -> Result<(), Error> {
+pub(crate) fn check_size(relative: &str, expected: u64, read: u64) -> Result<(), Error> {
     if read == expected {
         Ok(())
     } else {

@@ -1,0 +1,181 @@
+//! Writing a checkpoint file to local storage directly.
+//!
+//! Through `object_store`, a local upload costs several blocking-pool
+//! round trips per file (opening, reading, staging, each multipart part)
+//! and a rename, which dominate for checkpoints of many small files. Here
+//! one blocking task creates the file, reads, hashes and writes it.
+//!
+//! The file is written in place, not staged and renamed: checkpoint files
+//! are written into a checkpoint directory that nothing reads until its
+//! manifest is committed, and a run cleans up uncommitted directories, so
+//! a half-written file is never seen. A file that is already there (left
+//! by an attempt that failed before committing) is unlinked first, never
+//! written through: it may be a hard link to a file of a committed
+//! checkpoint (incremental persists link unchanged files).
+
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::{Meter, check_size};
+use crate::Error;
+
+/// Read buffer per file being written.
+const CHUNK: usize = 1 << 20;
+
+/// Copy `file` (`size` bytes, named `shown` in errors) to `target`, hashing
+/// it unless `known_sha256` is given. Returns the SHA-256.
+pub(super) fn write_file(
+    mut file: File,
+    shown: &str,
+    target: &Path,
+    size: u64,
+    known_sha256: Option<String>,
+    meter: &Meter,
+) -> Result<String, Error> {
+    let mut out = create(target)?;
+    let mut hasher = known_sha256.is_none().then(Sha256::new);
+    let mut buf = vec![0u8; (size as usize).clamp(1, CHUNK)];
+    let mut read = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|source| Error::Io {
+            path: shown.into(),
+            operation: "read a checkpoint file",
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        read += n as u64;
+        if read > size {
+            break;
+        }
+        if let Some(hasher) = &mut hasher {
+            hasher.update(&buf[..n]);
+        }
+        out.write_all(&buf[..n]).map_err(|source| Error::Io {
+            path: target.to_path_buf(),
+            operation: "write a checkpoint file",
+            source,
+        })?;
+        meter.inc(n as u64);
+    }
+    check_size(shown, size, read)?;
+    Ok(match hasher {
+        Some(hasher) => hex::encode(hasher.finalize()),
+        None => known_sha256.expect("hashed unless known"),
+    })
+}
+
+/// Create `target` as a new file, creating missing directories and
+/// unlinking a file left there.
+fn create(target: &Path) -> Result<File, Error> {
+    let io_err = |path: &Path, operation, source| Error::Io {
+        path: path.to_path_buf(),
+        operation,
+        source,
+    };
+    // Each failure below fixes its cause, so three tries are enough.
+    let mut last = None;
+    for _ in 0..3 {
+        match OpenOptions::new().write(true).create_new(true).open(target) {
+            Ok(f) => return Ok(f),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                std::fs::remove_file(target)
+                    .map_err(|e| io_err(target, "replace a stale checkpoint file", e))?;
+                last = Some(e);
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let parent = target.parent().unwrap_or(target);
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| io_err(parent, "create a checkpoint directory", e))?;
+                last = Some(e);
+            }
+            Err(e) => return Err(io_err(target, "create a checkpoint file", e)),
+        }
+    }
+    Err(io_err(
+        target,
+        "create a checkpoint file",
+        last.expect("tried at least once"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(dir: &Path, bytes: &[u8]) -> File {
+        let path = dir.join("source");
+        std::fs::write(&path, bytes).unwrap();
+        File::open(path).unwrap()
+    }
+
+    #[test]
+    fn writes_and_hashes_creating_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("a/b/weights.bin");
+        let sha = write_file(
+            source(dir.path(), b"abc"),
+            "weights.bin",
+            &target,
+            3,
+            None,
+            &Meter::default(),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"abc");
+        assert_eq!(
+            sha,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn a_stale_hard_link_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let committed = dir.path().join("committed");
+        std::fs::write(&committed, b"old").unwrap();
+        let target = dir.path().join("retry/state.bin");
+        std::fs::create_dir(dir.path().join("retry")).unwrap();
+        std::fs::hard_link(&committed, &target).unwrap();
+        write_file(
+            source(dir.path(), b"new bytes"),
+            "state.bin",
+            &target,
+            9,
+            Some("given".into()),
+            &Meter::default(),
+        )
+        .unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new bytes");
+        assert_eq!(std::fs::read(&committed).unwrap(), b"old");
+    }
+
+    #[test]
+    fn a_file_that_changed_size_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for listed in [2, 5] {
+            let err = write_file(
+                source(dir.path(), b"abc"),
+                "x.bin",
+                &dir.path().join("out"),
+                listed,
+                None,
+                &Meter::default(),
+            )
+            .unwrap_err();
+            let Error::Io { source, .. } = &err else {
+                panic!("{err:?}")
+            };
+            assert!(
+                source
+                    .to_string()
+                    .contains("changed while it was persisted"),
+                "{err:?}"
+            );
+        }
+    }
+}
