@@ -7,9 +7,36 @@
 //! the number of reports fail the run with an error naming them: at once
 //! when one rank has already returned from `train`, else after the report
 //! timeout.
+//!
+//! Waiting is built for many short rounds: a waiting rank registers its
+//! thread and the leader unparks exactly the waiting threads once the
+//! outcome is stored. (A condition variable's `notify_all` would wake them
+//! all at once to fight over the lock: two context switches per rank when
+//! ranks outnumber cores.) Before parking, a waiter waits actively for a
+//! short while, since ranks doing the same work arrive close together and
+//! a round then completes sooner than a parked thread is woken: it spins
+//! when every rank has a core of its own, and yields its core to the ranks
+//! still on their way when ranks outnumber cores. Both are bounded by
+//! [`ACTIVE_WAIT`], so a rank waiting on a slow one costs that much CPU at
+//! most.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
+
+/// How long a waiter waits actively before parking.
+const ACTIVE_WAIT: Duration = Duration::from_micros(50);
+
+/// How a waiter waits actively.
+#[derive(Debug, Clone, Copy)]
+enum Active {
+    /// Busy-wait: every rank can have its own core.
+    Spin,
+    /// Give the core to another thread: the rank that will complete the
+    /// round may be waiting for one.
+    Yield,
+}
 
 /// A rank must stop: the run is failing (the failure is recorded where it
 /// happened).
@@ -35,6 +62,22 @@ struct State<A, O> {
     /// Per rank: the number of reports it returned from `train` after.
     finished: Vec<Option<u64>>,
     aborted: bool,
+    /// The threads waiting for the current round (or for an abort).
+    waiting: Vec<Thread>,
+}
+
+impl<A, O> State<A, O> {
+    /// Mark the run as failing and take the threads to wake.
+    fn abort(&mut self) -> Vec<Thread> {
+        self.aborted = true;
+        std::mem::take(&mut self.waiting)
+    }
+}
+
+fn wake(threads: Vec<Thread>) {
+    for t in threads {
+        t.unpark();
+    }
 }
 
 /// A reusable barrier for `world_size` ranks that hands the leader every
@@ -43,7 +86,11 @@ pub(crate) struct ReportGate<A, O> {
     world_size: usize,
     timeout: Duration,
     state: Mutex<State<A, O>>,
-    cv: Condvar,
+    /// Rounds completed or the run aborted: changes when waiters should
+    /// look at the state again (read without the lock while spinning).
+    changes: AtomicU64,
+    /// How waiters wait before parking (`None` with one rank).
+    active: Option<Active>,
 }
 
 impl<A, O> std::fmt::Debug for ReportGate<A, O> {
@@ -61,6 +108,7 @@ pub(crate) type Violation = String;
 
 impl<A, O: Clone> ReportGate<A, O> {
     pub fn new(world_size: usize, timeout: Duration) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Self {
             world_size,
             timeout,
@@ -72,8 +120,14 @@ impl<A, O: Clone> ReportGate<A, O> {
                 last: None,
                 finished: vec![None; world_size],
                 aborted: false,
+                waiting: Vec::with_capacity(world_size),
             }),
-            cv: Condvar::new(),
+            changes: AtomicU64::new(0),
+            active: match world_size {
+                1 => None,
+                n if n <= cores => Some(Active::Spin),
+                _ => Some(Active::Yield),
+            },
         }
     }
 
@@ -109,8 +163,9 @@ impl<A, O: Clone> ReportGate<A, O> {
             .map(|(r, n)| format!("rank {r} returned from train after {n} reports"))
             .collect();
         if !gone.is_empty() {
-            st.aborted = true;
-            self.cv.notify_all();
+            let waiting = st.abort();
+            drop(st);
+            self.changed(waiting);
             return Err(Ok(format!(
                 "report protocol violation: rank {rank} called report a {} time, but {}; every rank must call report the same number of times",
                 ordinal(round + 1),
@@ -135,11 +190,14 @@ impl<A, O: Clone> ReportGate<A, O> {
             st.round += 1;
             st.arrived = 0;
             st.closed = false;
-            self.cv.notify_all();
+            let waiting = std::mem::take(&mut st.waiting);
+            drop(st);
+            self.changed(waiting);
             return Ok(outcome);
         }
 
         let deadline = Instant::now() + self.timeout;
+        let mut active = self.active;
         loop {
             if st.aborted {
                 return Err(Err(Aborted));
@@ -153,8 +211,9 @@ impl<A, O: Clone> ReportGate<A, O> {
             if !st.closed && now >= deadline {
                 let (came, missing): (Vec<usize>, Vec<usize>) =
                     (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
-                st.aborted = true;
-                self.cv.notify_all();
+                let waiting = st.abort();
+                drop(st);
+                self.changed(waiting);
                 return Err(Ok(format!(
                     "report protocol violation: ranks {came:?} waited {} in their {} report for ranks {missing:?}, which did not report; every rank must call report the same number of times (raise the report timeout if a step can take longer)",
                     humantime::format_duration(self.timeout),
@@ -168,12 +227,34 @@ impl<A, O: Clone> ReportGate<A, O> {
             } else {
                 deadline - now
             };
-            st = self
-                .cv
-                .wait_timeout(st, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            let seen = self.changes.load(Ordering::Acquire);
+            let me = std::thread::current();
+            if !st.waiting.iter().any(|t| t.id() == me.id()) {
+                st.waiting.push(me);
+            }
+            drop(st);
+            if let Some(how) = active.take() {
+                let until = now + ACTIVE_WAIT;
+                while self.changes.load(Ordering::Acquire) == seen && Instant::now() < until {
+                    match how {
+                        Active::Spin => std::hint::spin_loop(),
+                        Active::Yield => std::thread::yield_now(),
+                    }
+                }
+            }
+            // A wake-up may be spurious or meant for an earlier round: the
+            // state is checked again either way.
+            if self.changes.load(Ordering::Acquire) == seen {
+                std::thread::park_timeout(wait);
+            }
+            st = self.lock();
         }
+    }
+
+    /// Tell waiters the state changed and wake those parked.
+    fn changed(&self, waiting: Vec<Thread>) {
+        self.changes.fetch_add(1, Ordering::Release);
+        wake(waiting);
     }
 
     /// Note that `rank` returned from `train` after `reports` reports.
@@ -188,19 +269,20 @@ impl<A, O: Clone> ReportGate<A, O> {
         let waiting: Vec<usize> = (0..self.world_size)
             .filter(|r| st.arrivals[*r].is_some())
             .collect();
-        st.aborted = true;
-        self.cv.notify_all();
+        let round = st.round;
+        let threads = st.abort();
+        drop(st);
+        self.changed(threads);
         Err(format!(
             "report protocol violation: rank {rank} returned from train after {reports} reports while ranks {waiting:?} wait in their {} report; every rank must call report the same number of times",
-            ordinal(st.round + 1)
+            ordinal(round + 1)
         ))
     }
 
     /// Wake every waiting rank with [`Aborted`]; later arrivals get it too.
     pub fn abort(&self) {
-        let mut st = self.lock();
-        st.aborted = true;
-        self.cv.notify_all();
+        let waiting = self.lock().abort();
+        self.changed(waiting);
     }
 }
 
@@ -244,6 +326,34 @@ mod tests {
             .collect();
         for h in handles {
             assert_eq!(h.join().unwrap(), vec![6, 6, 6]);
+        }
+    }
+
+    #[test]
+    fn every_way_of_waiting_hands_out_every_round() {
+        for active in [None, Some(Active::Spin), Some(Active::Yield)] {
+            let mut g = ReportGate::<u32, u32>::new(6, Duration::from_secs(60));
+            g.active = active;
+            let g = Arc::new(g);
+            let handles: Vec<_> = (0..6)
+                .map(|r| {
+                    let g = Arc::clone(&g);
+                    std::thread::spawn(move || {
+                        (0..300u32)
+                            .map(|i| {
+                                g.arrive(r, i * 10 + r as u32, |gathered| {
+                                    gathered.arrivals.iter().sum::<u32>()
+                                })
+                                .unwrap()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            let expected: Vec<u32> = (0..300u32).map(|i| i * 60 + 15).collect();
+            for h in handles {
+                assert_eq!(h.join().unwrap(), expected, "{active:?}");
+            }
         }
     }
 
