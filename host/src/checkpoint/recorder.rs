@@ -25,10 +25,12 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::capture::Capture;
 use super::ledger::Ledger;
@@ -244,6 +246,14 @@ impl Recorder {
     }
 }
 
+/// While reports keep coming, the history is stored at most this often in
+/// the background mode (and at once before a commit, at a flush and at
+/// the end). Each write stores the whole file, so a loop reporting
+/// thousands of times a second would otherwise keep the writer rewriting
+/// it, taking a core from the ranks. A report after a quiet spell is
+/// stored at once.
+const HISTORY_INTERVAL: Duration = Duration::from_millis(50);
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -261,16 +271,31 @@ async fn write_reports(
         world_size,
         failed,
         unwritten: false,
+        written_at: None,
     };
     loop {
         let message = match rx.try_recv() {
             Ok(message) => message,
             Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
-                // Nothing waiting: store the lines so far in one write.
-                let _ = writer.write_history().await;
-                match rx.recv().await {
-                    Some(message) => message,
-                    None => return,
+                // Nothing waiting: store the lines so far in one write,
+                // once the interval since the last write has passed.
+                if writer.unwritten
+                    && let Some(due) = writer.written_at.map(|at| at + HISTORY_INTERVAL)
+                    && let Ok(received) = tokio::time::timeout_at(due, rx.recv()).await
+                {
+                    match received {
+                        Some(message) => message,
+                        None => {
+                            let _ = writer.write_history().await;
+                            return;
+                        }
+                    }
+                } else {
+                    let _ = writer.write_history().await;
+                    match rx.recv().await {
+                        Some(message) => message,
+                        None => return,
+                    }
                 }
             }
         };
@@ -297,6 +322,8 @@ struct Writer {
     failed: Arc<Mutex<Option<String>>>,
     /// History lines appended in memory but not yet stored.
     unwritten: bool,
+    /// When the history was last stored.
+    written_at: Option<Instant>,
 }
 
 impl Writer {
@@ -314,6 +341,7 @@ impl Writer {
         }
         if self.unwritten {
             self.unwritten = false;
+            self.written_at = Some(Instant::now());
             if let Err(e) = self.ledger.write_history().await {
                 return Err(self.fail(&e));
             }
