@@ -46,6 +46,11 @@ pub fn persist_directory(
 /// cache in `cache` if given. Returns whether the cache had it.
 pub fn compile(guest: &[u8], cache: Option<&Path>) -> Result<bool, Error> {
     let cache = cache.map(CompileCache::new);
-    let (_, outcome) = crate::runtime::GuestComponent::compile(guest, "<bench>", cache.as_ref())?;
+    let (_, outcome) = crate::runtime::GuestComponent::compile(
+        guest,
+        "<bench>",
+        crate::Interruption::default(),
+        cache.as_ref(),
+    )?;
     Ok(outcome == Some(crate::runtime::CacheOutcome::Hit))
 }

@@ -61,7 +61,7 @@ pub use metrics::{MetricValue, Metrics};
 pub use preemption::Preemption;
 pub use result::{FailureKind, RunFailure, TrainResult};
 pub use runtime::cache::default_cache_dir;
-pub use runtime::limits::ResourceLimits;
+pub use runtime::limits::{Interruption, ResourceLimits};
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
 pub use storage::StorageOptions;
 pub use sync::{DEFAULT_SYNC_PERIOD, SyncConfig};

@@ -5,11 +5,20 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use trainhost::{
-    CheckpointConfig, FailureConfig, Preemption, ResourceLimits, RunConfig, ScalingConfig,
-    StorageOptions, SyncConfig, Trainer,
+    CheckpointConfig, FailureConfig, Interruption, Preemption, ResourceLimits, RunConfig,
+    ScalingConfig, StorageOptions, SyncConfig, Trainer,
 };
+
+/// `--interrupt`'s values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum InterruptAt {
+    /// Wherever the rank is (checks in the guest's loops).
+    Anywhere,
+    /// Only in calls to the host (report, get-checkpoint, ...).
+    HostCalls,
+}
 
 /// Run training loops compiled to WebAssembly components as sandboxed
 /// ranks, with checkpoints persisted, verified and restored by the host.
@@ -112,7 +121,8 @@ struct RunArgs {
 
     /// On SIGTERM or Ctrl-C, how long ranks have to report a final
     /// checkpoint before they are stopped (a second signal stops them at
-    /// once). The run then exits with status 75 and can be resumed.
+    /// once, a third exits without waiting for them). The run then exits
+    /// with status 75 and can be resumed.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, help_heading = "Failures")]
     grace_period: Duration,
 
@@ -194,6 +204,23 @@ struct RunArgs {
     /// failure then fails the run at the next report or at the end).
     #[arg(long, help_heading = "Performance")]
     wait_for_upload: bool,
+
+    /// Where a running rank can be stopped (when another rank fails, a
+    /// limit is hit, or preemption's grace runs out). `anywhere` checks on
+    /// every loop iteration of the guest, which makes tight numeric loops
+    /// up to ~5x slower than native; `host-calls` stops a rank only when it
+    /// calls report or another trainhost import, so guest code runs at
+    /// native speed, but a rank that stops calling the host cannot be
+    /// stopped. Use `host-calls` for guests you trust to report regularly;
+    /// it cannot be combined with --stall-timeout or --attempt-timeout.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHERE",
+        default_value = "anywhere",
+        help_heading = "Performance"
+    )]
+    interrupt: InterruptAt,
 
     /// Compile the guest on every run; read and write no compile cache.
     #[arg(long, conflicts_with = "cache_dir", help_heading = "Performance")]
@@ -398,6 +425,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 max_checkpoint_bytes: args.max_checkpoint_size,
             },
             persist_in_background: !args.wait_for_upload,
+            interruption: match args.interrupt {
+                InterruptAt::Anywhere => Interruption::Anywhere,
+                InterruptAt::HostCalls => Interruption::AtHostCalls,
+            },
             sync: args
                 .sync_command
                 .zip(args.sync_to)
@@ -462,7 +493,10 @@ fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 const EXIT_RESUMABLE: u8 = 75;
 
 /// The first SIGTERM or SIGINT asks the run to checkpoint and stop; the
-/// second stops it at once.
+/// second stops the ranks at once; the third exits the process (a rank
+/// run with `--interrupt host-calls` that no longer calls the host cannot
+/// be stopped otherwise). Committed checkpoints are never at risk: a
+/// checkpoint is committed by one atomic write of its manifest.
 fn forward_signals(preemption: Preemption) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
@@ -470,7 +504,15 @@ fn forward_signals(preemption: Preemption) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("trainhost-signals".into())
         .spawn(move || {
+            let mut seen = 0;
             for signal in signals.forever() {
+                seen += 1;
+                if seen >= 3 {
+                    eprintln!(
+                        "third signal ({signal}): exiting without waiting for the ranks; committed checkpoints are kept"
+                    );
+                    std::process::exit(128 + signal);
+                }
                 if preemption.is_requested() {
                     eprintln!("second signal ({signal}): stopping the ranks now");
                     preemption.force();

@@ -12,7 +12,7 @@ pub use crate::checkpoint::ScoreOrder;
 use crate::checkpoint::{Checkpoint, Ledger, LedgerOptions, RestoreCache, Retention, Session};
 use crate::preemption::Preemption;
 use crate::result::TrainResult;
-use crate::runtime::limits::ResourceLimits;
+use crate::runtime::limits::{Interruption, ResourceLimits};
 use crate::runtime::output::{OutputSink, TerminalOutput};
 use crate::runtime::{
     CompileCache, GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
@@ -280,6 +280,10 @@ pub struct RunConfig {
     /// at the next report or at the end. `false`: `report` returns once
     /// the checkpoint is committed in storage.
     pub persist_in_background: bool,
+    /// How ranks are stopped: anywhere (default), or only when they call
+    /// the host, which lets guest code run at native speed. See
+    /// [`Interruption`].
+    pub interruption: Interruption,
 }
 
 impl Default for RunConfig {
@@ -296,6 +300,7 @@ impl Default for RunConfig {
             sync: None,
             limits: ResourceLimits::default(),
             persist_in_background: true,
+            interruption: Interruption::default(),
         }
     }
 }
@@ -415,6 +420,18 @@ impl TrainerBuilder {
             )));
         }
         let retention = self.run.checkpoint_config.retention()?;
+        if self.run.interruption == Interruption::AtHostCalls {
+            let limits = &self.run.limits;
+            let needs_stop = [
+                ("stall_timeout", limits.stall_timeout.is_some()),
+                ("attempt_timeout", limits.attempt_timeout.is_some()),
+            ];
+            if let Some((name, _)) = needs_stop.iter().find(|(_, set)| *set) {
+                return Err(Error::InvalidConfig(format!(
+                    "{name} needs interruption Anywhere: with AtHostCalls a rank computing past the limit cannot be stopped; drop the limit or interrupt anywhere"
+                )));
+            }
+        }
         if let Some(sync) = &self.run.sync {
             sync.validate()?;
             if is_object_store(&self.run.storage_path)
@@ -525,8 +542,12 @@ impl Trainer {
             GuestSource::Bytes(b) => b.to_vec(),
         };
         let started = std::time::Instant::now();
-        let (guest, cached) =
-            GuestComponent::compile(&bytes, &self.guest.shown(), self.compile_cache.as_ref())?;
+        let (guest, cached) = GuestComponent::compile(
+            &bytes,
+            &self.guest.shown(),
+            self.run.interruption,
+            self.compile_cache.as_ref(),
+        )?;
         tracing::debug!(elapsed = ?started.elapsed(), cache = ?cached, "guest ready");
 
         let run_name = self

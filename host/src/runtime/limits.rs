@@ -53,6 +53,32 @@ impl Default for ResourceLimits {
     }
 }
 
+/// How a running rank is stopped when the run must stop it: another rank
+/// failed, a limit was hit, or preemption's grace period ran out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Interruption {
+    /// Wherever it is. The compiled guest checks for a stop at every
+    /// function entry and loop iteration (wasmtime's epoch interruption),
+    /// which costs time in tight numeric loops: up to ~5x native on the
+    /// SGD step in `BENCHMARKS.md`.
+    #[default]
+    Anywhere,
+    /// Only when it calls the host (`report`, `get-checkpoint`, and the
+    /// other trainhost imports). Guest code runs without checks, at native
+    /// speed, but a rank that stops calling the host cannot be stopped: the
+    /// run waits for it. For guests trusted to report regularly; the limits
+    /// that need to stop a busy rank (`stall_timeout`, `attempt_timeout`)
+    /// are refused with it.
+    AtHostCalls,
+}
+
+impl Interruption {
+    /// Whether compiled code checks for a stop (wasmtime epochs).
+    pub(crate) fn uses_epochs(self) -> bool {
+        self == Self::Anywhere
+    }
+}
+
 /// The error a rank traps with when it hits a limit; its text is the
 /// failure's message.
 #[derive(Debug)]

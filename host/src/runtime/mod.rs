@@ -22,6 +22,7 @@ pub(crate) use sandbox::RESTORE_GUEST_PATH;
 use crate::Error;
 use bindings::{Trainer, TrainerPre};
 pub(crate) use cache::{CacheOutcome, CompileCache};
+use limits::Interruption;
 use rank::RankState;
 
 /// How often running guests check whether the run is stopping.
@@ -34,6 +35,7 @@ pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.0";
 pub(crate) struct GuestComponent {
     engine: Engine,
     pre: TrainerPre<RankState>,
+    interruption: Interruption,
 }
 
 impl std::fmt::Debug for GuestComponent {
@@ -48,6 +50,7 @@ impl GuestComponent {
     pub fn compile(
         bytes: &[u8],
         shown: &str,
+        interruption: Interruption,
         cache: Option<&CompileCache>,
     ) -> Result<(Self, Option<CacheOutcome>), Error> {
         let guest_err = |message: String, source: Option<wasmtime::Error>| Error::Guest {
@@ -57,7 +60,9 @@ impl GuestComponent {
         };
         check_header(bytes).map_err(|m| guest_err(m, None))?;
         let mut config = Config::new();
-        config.epoch_interruption(true);
+        // Part of the engine's compatibility hash, so the compile cache
+        // keeps code compiled with and without the checks apart.
+        config.epoch_interruption(interruption.uses_epochs());
         let engine = Engine::new(&config).map_err(|e| Error::Runtime(format!("{e:#}")))?;
         let compile = || {
             Component::new(&engine, bytes)
@@ -94,7 +99,14 @@ impl GuestComponent {
                 Some(e),
             )
         })?;
-        Ok((Self { engine, pre }, outcome))
+        Ok((
+            Self {
+                engine,
+                pre,
+                interruption,
+            },
+            outcome,
+        ))
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -105,9 +117,16 @@ impl GuestComponent {
         &self.pre
     }
 
-    /// Start the thread that advances the engine's epoch while ranks run.
-    pub fn start_ticker(&self) -> EpochTicker {
-        EpochTicker::start(self.engine.clone())
+    pub(crate) fn interruption(&self) -> Interruption {
+        self.interruption
+    }
+
+    /// Start the thread that advances the engine's epoch while ranks run,
+    /// if the guest was compiled to check it.
+    pub fn start_ticker(&self) -> Option<EpochTicker> {
+        self.interruption
+            .uses_epochs()
+            .then(|| EpochTicker::start(self.engine.clone()))
     }
 }
 

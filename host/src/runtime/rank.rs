@@ -311,15 +311,18 @@ fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
     let mut store = Store::new(guest.engine(), state);
     store.limiter(|s| &mut s.memory);
     // Checked on every epoch tick: a rank computing while another failed is
-    // interrupted instead of running on (gang stop, R19).
-    store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|ctx| {
-        Ok(if ctx.data().session.is_aborted() {
-            UpdateDeadline::Interrupt
-        } else {
-            UpdateDeadline::Continue(1)
-        })
-    });
+    // interrupted instead of running on (gang stop, R19). Without epochs a
+    // rank stops at its next call to the host.
+    if guest.interruption().uses_epochs() {
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|ctx| {
+            Ok(if ctx.data().session.is_aborted() {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::Continue(1)
+            })
+        });
+    }
     let result = guest
         .pre()
         .instantiate(&mut store)

@@ -133,6 +133,17 @@ fn bad_input_gets_one_clear_error_each() {
             "is a core WebAssembly module, not a component",
         ),
         (&["run", TEST_GUEST, "--workers", "0"], "num_workers is 0"),
+        (
+            &[
+                "run",
+                TEST_GUEST,
+                "--interrupt",
+                "host-calls",
+                "--stall-timeout",
+                "1m",
+            ],
+            "stall_timeout needs interruption Anywhere",
+        ),
         (&["run", TEST_GUEST, "--name", "a/b"], "run name \"a/b\""),
         (
             &["run", TEST_GUEST, "--storage", "nosuch://bucket"],

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use trainhost::{FailureConfig, FailureKind, MetricValue, RunConfig, ScalingConfig, Trainer};
+use trainhost::{
+    FailureConfig, FailureKind, Interruption, MetricValue, RunConfig, ScalingConfig, Trainer,
+};
 
 use crate::util::*;
 
@@ -99,6 +101,51 @@ fn one_rank_trapping_restarts_every_rank_from_the_same_checkpoint() {
         );
     }
     assert_eq!(run.result.failure_history[0].rank, Some(1));
+}
+
+/// Rank 1 dies while rank 0 computes for a while without calling the
+/// host; returns how often rank 0 finished that computation (the run
+/// restarts once, and the second attempt does not die).
+fn computations_finished_by_a_peer_of_a_dying_rank(interruption: Interruption) -> usize {
+    let steps = json!([
+        {"write": "ckpt/attempt", "text": "{next_attempt}", "ranks": [0]},
+        {"report": {}, "checkpoint": "ckpt", "ranks": [0]},
+        {"report": {}, "ranks": [1]},
+        {"panic": "dies", "when_attempt": [0], "ranks": [1]},
+        {"spin_ms": 1500, "ranks": [0]},
+        {"print": "computed", "ranks": [0]},
+        {"report": {"done": true}},
+    ]);
+    let (builder, storage, lines) = scripted(2, steps);
+    let builder = builder.run_config(RunConfig {
+        name: Some("t".into()),
+        storage_path: storage.path().display().to_string(),
+        failure_config: FailureConfig { max_failures: 1 },
+        interruption,
+        ..Default::default()
+    });
+    let run = finish(builder, storage, lines);
+    run.assert_ok();
+    assert_eq!(run.result.failures, 1);
+    run.stdout(0).iter().filter(|l| *l == "computed").count()
+}
+
+#[test]
+fn by_default_a_computing_rank_is_stopped_where_it_is() {
+    assert_eq!(
+        computations_finished_by_a_peer_of_a_dying_rank(Interruption::Anywhere),
+        1,
+        "stopped mid-computation in the first attempt"
+    );
+}
+
+#[test]
+fn interrupting_at_host_calls_stops_a_computing_rank_at_its_next_report() {
+    assert_eq!(
+        computations_finished_by_a_peer_of_a_dying_rank(Interruption::AtHostCalls),
+        2,
+        "ran on to its report in the first attempt"
+    );
 }
 
 #[test]

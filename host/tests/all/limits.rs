@@ -136,3 +136,30 @@ fn long_lines_are_cut_not_failed() {
     );
     assert_eq!(out[1], "after");
 }
+
+#[test]
+fn limits_that_stop_a_busy_rank_need_interruption_anywhere() {
+    for limits in [
+        ResourceLimits {
+            stall_timeout: Some(Duration::from_secs(60)),
+            ..ResourceLimits::default()
+        },
+        ResourceLimits {
+            attempt_timeout: Some(Duration::from_secs(60)),
+            ..ResourceLimits::default()
+        },
+    ] {
+        let err = trainhost::Trainer::builder(TEST_GUEST)
+            .run_config(RunConfig {
+                limits,
+                interruption: trainhost::Interruption::AtHostCalls,
+                ..RunConfig::default()
+            })
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, trainhost::Error::InvalidConfig(m) if m.contains("needs interruption Anywhere")),
+            "{err}"
+        );
+    }
+}

@@ -19,7 +19,8 @@
 //! - `{"print_context": true}`: prints rank, sizes, run name and config
 //! - `{"panic": MSG}`, `{"fail": MSG}`, `{"spin": true}` (loops forever)
 //! - `{"print": TEXT}` (stdout), `{"eprint": TEXT}` (stderr)
-//! - `{"sleep_ms": N}`, `{"alloc_mb": N}`, `{"flood": BYTES}` (stdout)
+//! - `{"spin_ms": N}` (computes for N ms without calling trainhost),
+//!   `{"sleep_ms": N}`, `{"alloc_mb": N}`, `{"flood": BYTES}` (stdout)
 //! - `{"hardlink": LINK, "target": TARGET}`: prints `hardlink made` or
 //!   `hardlink refused: ...`
 //! - `{"sparse": PATH, "size": N}`: a sparse file of N bytes
@@ -197,6 +198,14 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
         let line = "x".repeat(1023);
         for _ in 0..n / 1024 {
             println!("{line}");
+        }
+    } else if let Some(ms) = step.get("spin_ms").and_then(Value::as_u64) {
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
+        let mut x: u64 = 1;
+        while std::time::Instant::now() < until {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
         }
     } else if let Some(ms) = step.get("sleep_ms").and_then(Value::as_u64) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
