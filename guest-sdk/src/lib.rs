@@ -198,8 +198,9 @@ pub fn preemption_requested() -> bool {
 /// Every rank must call `report` the same number of times: the call returns
 /// once the matching calls of all ranks have arrived and the host has taken
 /// the checkpoint's files: by default it copies them to a local snapshot
-/// and uploads them while training goes on (a failed upload fails the run
-/// at the next report or at the end); with the host's `--wait-for-upload`
+/// and uploads them while training goes on (on local storage it writes
+/// them to their place directly; a failed upload fails the run at the next
+/// report or at the end); with the host's `--wait-for-upload`
 /// it returns once the checkpoint is committed to storage. The recorded
 /// metrics are rank 0's. When several ranks pass a checkpoint, the
 /// committed checkpoint holds the files of all of them (distributed

@@ -200,8 +200,9 @@ struct RunArgs {
 
     /// Make report wait until its checkpoint is uploaded and committed.
     /// Default: report returns once the files are copied to a local
-    /// snapshot, and the upload goes on while the ranks train (a storage
-    /// failure then fails the run at the next report or at the end).
+    /// snapshot (on local storage: to their place in storage), and the
+    /// upload and commit go on while the ranks train (a storage failure
+    /// then fails the run at the next report or at the end).
     #[arg(long, help_heading = "Performance")]
     wait_for_upload: bool,
 

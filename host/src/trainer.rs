@@ -275,9 +275,10 @@ pub struct RunConfig {
     /// What each rank may use.
     pub limits: ResourceLimits,
     /// `true` (default): `report` returns once a checkpoint's files are
-    /// copied to a local snapshot, and the upload and commit go on in the
-    /// background while the ranks train; a storage failure fails the run
-    /// at the next report or at the end. `false`: `report` returns once
+    /// copied to a local snapshot (on local storage: to their place in
+    /// storage, which costs the same), and the upload and commit go on in
+    /// the background while the ranks train; a storage failure fails the
+    /// run at the next report or at the end. `false`: `report` returns once
     /// the checkpoint is committed in storage.
     pub persist_in_background: bool,
     /// How ranks are stopped: anywhere (default), or only when they call

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Handle;
 
+use super::manifest::FileEntry;
 use super::manifest::{self, Manifest};
 use super::persist::{PersistStats, Plan, Previous, persist};
 use super::restore::Checkpoint;
@@ -441,6 +442,11 @@ impl Ledger {
         Some(previous)
     }
 
+    /// Whether the run's storage is a local directory.
+    pub fn is_local(&self) -> bool {
+        self.storage.is_local()
+    }
+
     /// Commit `plan` as checkpoint `checkpoint_index` of report
     /// `report_index`: steps 1 to 4 of the order above. Called for one
     /// report at a time, in report order.
@@ -452,21 +458,56 @@ impl Ledger {
         plan: &Plan,
         world_size: u32,
     ) -> Result<PersistStats, Error> {
-        let run_name = self.lock().state.run_name.clone();
-        let dir_name = manifest::checkpoint_dir_name(checkpoint_index);
-        let dest = self.storage.child(&dir_name);
+        let uploaded = self.upload(checkpoint_index, plan).await?;
+        self.commit_uploaded(
+            report_index,
+            checkpoint_index,
+            metrics,
+            &plan.ranks,
+            world_size,
+            uploaded,
+        )
+        .await
+    }
+
+    /// Steps 1 and 2 of a commit: persist the files of `plan` into
+    /// checkpoint `checkpoint_index`'s directory, which nothing reads until
+    /// [`Ledger::commit_uploaded`] writes its manifest. The previous
+    /// checkpoint must be committed already (its files are linked).
+    pub async fn upload(&self, checkpoint_index: u64, plan: &Plan) -> Result<Uploaded, Error> {
+        let dest = self
+            .storage
+            .child(&manifest::checkpoint_dir_name(checkpoint_index));
         // A host killed mid-upload can leave files under this name with no
         // manifest; they were never committed, so clear them first.
         dest.delete_all("").await?;
         let previous = self.previous().await;
         let (files, stats) = persist(&dest, plan, previous).await?;
+        Ok(Uploaded { files, stats })
+    }
+
+    /// Steps 3 and 4 of a commit, for files [`Ledger::upload`] persisted.
+    pub async fn commit_uploaded(
+        &self,
+        report_index: u64,
+        checkpoint_index: u64,
+        metrics: &Metrics,
+        ranks: &[u32],
+        world_size: u32,
+        uploaded: Uploaded,
+    ) -> Result<PersistStats, Error> {
+        let Uploaded { files, stats } = uploaded;
+        let run_name = self.lock().state.run_name.clone();
+        let dest = self
+            .storage
+            .child(&manifest::checkpoint_dir_name(checkpoint_index));
         let manifest = Manifest {
             format: manifest::FORMAT,
             run_name,
             checkpoint_index,
             report_index,
             metrics: metrics.clone(),
-            ranks: plan.ranks.clone(),
+            ranks: ranks.to_vec(),
             world_size,
             files,
             committed_at: manifest::now_rfc3339(),
@@ -518,6 +559,13 @@ impl Ledger {
         let bytes = Bytes::from(self.lock().history_jsonl.clone());
         self.storage.put(manifest::HISTORY, bytes).await
     }
+}
+
+/// A checkpoint's files persisted but not yet committed.
+#[derive(Debug)]
+pub(crate) struct Uploaded {
+    files: Vec<FileEntry>,
+    stats: PersistStats,
 }
 
 /// Parse a run state as `Ledger::open` does; `None` when unreadable.

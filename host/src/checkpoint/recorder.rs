@@ -7,7 +7,10 @@
 //!
 //! - in the background mode (the default), the planned files are copied to
 //!   a local snapshot and `report` returns; the task uploads and commits the
-//!   snapshot. The guests may change their directories at once (R8).
+//!   snapshot. On local storage a snapshot would cost as much as the
+//!   upload itself, so the files are written to their place in storage
+//!   before `report` returns and the task only commits them. Either way
+//!   the guests may change their directories at once (R8).
 //! - in the blocking mode, `report` returns once the checkpoint is
 //!   committed and the report is in the history, as the task says so.
 //!
@@ -33,7 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::capture::Capture;
-use super::ledger::Ledger;
+use super::ledger::{Ledger, Uploaded};
 use super::persist::{Plan, PlanError, merge};
 use super::{manifest, persist};
 use crate::Metrics;
@@ -53,6 +56,7 @@ pub(crate) enum ReportRefused {
 pub(crate) struct Recorder {
     /// Where snapshots go in the background mode; `None` blocks instead.
     snapshots: Option<PathBuf>,
+    ledger: Arc<Ledger>,
     handle: Handle,
     queue: mpsc::Sender<Message>,
     /// One permit: the checkpoint being persisted holds it.
@@ -77,13 +81,15 @@ struct Job {
     done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
-/// A checkpoint planned (and in the background mode, snapshotted) but not
-/// yet committed.
+/// A checkpoint planned (and in the background mode, snapshotted or
+/// uploaded) but not yet committed.
 struct Pending {
     index: u64,
     plan: Plan,
     /// The snapshot to remove once persisted.
     snapshot: Option<PathBuf>,
+    /// Set when the files are in storage already; only the commit is left.
+    uploaded: Option<Uploaded>,
     _slot: OwnedSemaphorePermit,
 }
 
@@ -109,9 +115,15 @@ impl Recorder {
         let (queue, rx) = mpsc::channel(QUEUE);
         let failed = Arc::new(Mutex::new(None));
         let next = ledger.next_indices();
-        let worker = handle.spawn(write_reports(ledger, world_size, rx, Arc::clone(&failed)));
+        let worker = handle.spawn(write_reports(
+            Arc::clone(&ledger),
+            world_size,
+            rx,
+            Arc::clone(&failed),
+        ));
         Self {
             snapshots,
+            ledger,
             handle,
             queue,
             slot: Arc::new(Semaphore::new(1)),
@@ -159,24 +171,35 @@ impl Recorder {
                     return Err(message);
                 }
                 let index = lock(&self.next).1;
-                let (plan, snapshot) = match &self.snapshots {
+                let (plan, snapshot, uploaded) = match &self.snapshots {
+                    // On local storage, persisting the files costs what a
+                    // snapshot would (a copy, in parallel, hashed on the
+                    // way; unchanged files only hashed and linked): persist
+                    // them now, and leave the commit to the writing task.
+                    Some(_) if self.ledger.is_local() => {
+                        match self.handle.block_on(self.ledger.upload(index, &plan)) {
+                            Ok(uploaded) => (plan, None, Some(uploaded)),
+                            Err(e) => return Err(crate::error::chain(&e)),
+                        }
+                    }
                     Some(root) => {
                         let dir = root.join(manifest::checkpoint_dir_name(index));
                         let _ = std::fs::remove_dir_all(&dir);
                         match persist::snapshot(plan, &dir) {
-                            Ok(plan) => (plan, Some(dir)),
+                            Ok(plan) => (plan, Some(dir), None),
                             Err(e) => {
                                 let _ = std::fs::remove_dir_all(&dir);
                                 return Err(crate::error::chain(&e));
                             }
                         }
                     }
-                    None => (plan, None),
+                    None => (plan, None, None),
                 };
                 Some(Pending {
                     index,
                     plan,
                     snapshot,
+                    uploaded,
                     _slot: slot,
                 })
             }
@@ -356,21 +379,36 @@ impl Writer {
             return Err(message);
         }
         let mut committed = None;
-        if let Some(pending) = job.checkpoint {
+        if let Some(mut pending) = job.checkpoint {
             // Lines of earlier reports go first (R9): a host killed during
             // the commit must not lose them.
             self.write_history().await?;
-            let stats = self
-                .ledger
-                .commit(
-                    job.report_index,
-                    pending.index,
-                    &job.metrics,
-                    &pending.plan,
-                    self.world_size,
-                )
-                .await
-                .map_err(|e| self.fail(&e))?;
+            let result = match pending.uploaded.take() {
+                Some(uploaded) => {
+                    self.ledger
+                        .commit_uploaded(
+                            job.report_index,
+                            pending.index,
+                            &job.metrics,
+                            &pending.plan.ranks,
+                            self.world_size,
+                            uploaded,
+                        )
+                        .await
+                }
+                None => {
+                    self.ledger
+                        .commit(
+                            job.report_index,
+                            pending.index,
+                            &job.metrics,
+                            &pending.plan,
+                            self.world_size,
+                        )
+                        .await
+                }
+            };
+            let stats = result.map_err(|e| self.fail(&e))?;
             tracing::debug!(checkpoint = pending.index, ?stats, "persisted");
             committed = Some(pending.index);
         }

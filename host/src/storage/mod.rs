@@ -183,6 +183,12 @@ impl Storage {
         &self.url
     }
 
+    /// Whether files are written straight to a local filesystem, where
+    /// persisting a file costs what copying it anywhere else would.
+    pub(crate) fn is_local(&self) -> bool {
+        self.local.is_some()
+    }
+
     /// The local directory behind this location, if it is a local one.
     pub fn local_path(&self) -> Option<&Path> {
         let p = Path::new(&self.url);
