@@ -95,7 +95,7 @@ fn main() -> Result<()> {
         rows.extend(persist_local(args.quick, reps)?);
     }
     if want("blocked") {
-        rows.extend(blocked(args.quick)?);
+        rows.extend(blocked(args.quick, reps)?);
     }
     if want("restart") {
         rows.extend(restart(reps, cache.path())?);
@@ -385,7 +385,7 @@ fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
 
 // --------------------------------------------------------------- blocked
 
-fn blocked(quick: bool) -> Result<Vec<Row>> {
+fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
     let sizes: &[u64] = if quick {
         &[64 << 20]
     } else {
@@ -394,9 +394,11 @@ fn blocked(quick: bool) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &total in sizes {
         let config = json!({"mode": "checkpoint", "files": layout(total), "reports": 3});
-        let mut times = Vec::new();
-        for background in [false, true] {
+        // Per mode (blocking, background): first, changed, unchanged.
+        let mut samples = [[vec![], vec![], vec![]], [vec![], vec![], vec![]]];
+        for (mode, background) in (0..reps).flat_map(|_| [(0, false), (1, true)]) {
             let storage = tempfile::tempdir()?;
+            sync();
             let result = run_guest(
                 config.clone(),
                 1,
@@ -410,13 +412,17 @@ fn blocked(quick: bool) -> Result<Vec<Row>> {
                 },
                 Arc::default(),
             )?;
-            times.push((
-                metric(&result, "first_ns")?,
-                metric(&result, "changed_ns")?,
-                metric(&result, "unchanged_ns")?,
-            ));
+            for (i, name) in ["first_ns", "changed_ns", "unchanged_ns"]
+                .iter()
+                .enumerate()
+            {
+                samples[mode][i].push(metric(&result, name)?);
+            }
         }
-        let (blocking, background) = (times[0], times[1]);
+        let [blocking, background] = samples.map(|m| {
+            let [a, b, c] = m.map(median);
+            (a, b, c)
+        });
         let name = size_name(total);
         rows.push(Row {
             group: "blocked",
@@ -425,8 +431,9 @@ fn blocked(quick: bool) -> Result<Vec<Row>> {
             baseline: blocking.0,
             ours: background.0,
             unit: Unit::Nanos,
-            goal: "< 1 (background upload)".into(),
-            met: Some(background.0 < blocking.0),
+            goal: "≤ 1 (local storage: files written during report, commit in the background)"
+                .into(),
+            met: Some(background.0 <= blocking.0),
         });
         rows.push(Row {
             group: "blocked",
@@ -435,8 +442,8 @@ fn blocked(quick: bool) -> Result<Vec<Row>> {
             baseline: blocking.1,
             ours: background.1,
             unit: Unit::Nanos,
-            goal: "< 1".into(),
-            met: Some(background.1 < blocking.1),
+            goal: "≤ 1".into(),
+            met: Some(background.1 <= blocking.1),
         });
         rows.push(Row {
             group: "blocked",
