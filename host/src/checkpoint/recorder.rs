@@ -27,6 +27,7 @@
 //! it, and everything committed before stays as it was.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,13 +63,26 @@ pub(crate) struct Recorder {
     /// One permit: the checkpoint being persisted holds it.
     slot: Arc<Semaphore>,
     failed: Arc<Mutex<Option<String>>>,
+    /// What the recorder and the writing task share about the history.
+    history: Arc<History>,
     /// The next report's index and the next checkpoint's index.
     next: Mutex<(u64, u64)>,
     worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+/// The history's state, shared by the recorder and the writing task.
+#[derive(Debug, Default)]
+struct History {
+    /// Reports sent to the task and not yet added to the history.
+    queued: AtomicUsize,
+    /// Lines added to the history in memory but not yet stored.
+    unwritten: AtomicBool,
+}
+
 enum Message {
     Report(Job),
+    /// Lines were added to the history directly; store them in time.
+    Unwritten,
     /// Answered once everything before it is written.
     Flush(oneshot::Sender<()>),
 }
@@ -115,11 +129,13 @@ impl Recorder {
         let (queue, rx) = mpsc::channel(QUEUE);
         let failed = Arc::new(Mutex::new(None));
         let next = ledger.next_indices();
+        let history = Arc::new(History::default());
         let worker = handle.spawn(write_reports(
             Arc::clone(&ledger),
             world_size,
             rx,
             Arc::clone(&failed),
+            Arc::clone(&history),
         ));
         Self {
             snapshots,
@@ -128,6 +144,7 @@ impl Recorder {
             queue,
             slot: Arc::new(Semaphore::new(1)),
             failed,
+            history,
             next: Mutex::new(next),
             worker: Mutex::new(Some(worker)),
         }
@@ -213,6 +230,24 @@ impl Recorder {
             }
             report_index
         };
+        // A report without a checkpoint in the background mode, with no
+        // report still queued before it, goes straight into the history in
+        // memory: waking the writing task for every such report would cost
+        // a thread switch per report. The task stores the lines within
+        // HISTORY_INTERVAL. (Reports are recorded one at a time, by each
+        // round's leader, so nothing is queued behind this one.)
+        if checkpoint.is_none()
+            && self.snapshots.is_some()
+            && self.history.queued.load(Ordering::Acquire) == 0
+        {
+            self.ledger.append_report(report_index, metrics, None);
+            if !self.history.unwritten.swap(true, Ordering::AcqRel) {
+                // The first unwritten line: tell the task. A full queue
+                // means the task is busy and will look anyway.
+                let _ = self.queue.try_send(Message::Unwritten);
+            }
+            return Ok(Ok(()));
+        }
         let (done, wait) = if self.snapshots.is_none() {
             let (tx, rx) = oneshot::channel();
             (Some(tx), Some(rx))
@@ -225,6 +260,7 @@ impl Recorder {
             checkpoint,
             done,
         };
+        self.history.queued.fetch_add(1, Ordering::AcqRel);
         if self.queue.blocking_send(Message::Report(job)).is_err() {
             return Err(self.stopped());
         }
@@ -288,12 +324,13 @@ async fn write_reports(
     world_size: u32,
     mut rx: mpsc::Receiver<Message>,
     failed: Arc<Mutex<Option<String>>>,
+    history: Arc<History>,
 ) {
     let mut writer = Writer {
         ledger,
         world_size,
         failed,
-        unwritten: false,
+        history,
         written_at: None,
     };
     loop {
@@ -302,7 +339,7 @@ async fn write_reports(
             Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
                 // Nothing waiting: store the lines so far in one write,
                 // once the interval since the last write has passed.
-                if writer.unwritten
+                if writer.history.unwritten.load(Ordering::Acquire)
                     && let Some(due) = writer.written_at.map(|at| at + HISTORY_INTERVAL)
                     && let Ok(received) = tokio::time::timeout_at(due, rx.recv()).await
                 {
@@ -327,9 +364,11 @@ async fn write_reports(
                 let _ = writer.write_history().await;
                 let _ = tx.send(());
             }
+            Message::Unwritten => {}
             Message::Report(mut job) => {
                 let done = job.done.take();
                 let result = writer.write(job).await;
+                writer.history.queued.fetch_sub(1, Ordering::AcqRel);
                 if let Some(done) = done {
                     let _ = done.send(result);
                 }
@@ -343,8 +382,7 @@ struct Writer {
     ledger: Arc<Ledger>,
     world_size: u32,
     failed: Arc<Mutex<Option<String>>>,
-    /// History lines appended in memory but not yet stored.
-    unwritten: bool,
+    history: Arc<History>,
     /// When the history was last stored.
     written_at: Option<Instant>,
 }
@@ -362,8 +400,7 @@ impl Writer {
         if let Some(message) = lock(&self.failed).clone() {
             return Err(message);
         }
-        if self.unwritten {
-            self.unwritten = false;
+        if self.history.unwritten.swap(false, Ordering::AcqRel) {
             self.written_at = Some(Instant::now());
             if let Err(e) = self.ledger.write_history().await {
                 return Err(self.fail(&e));
@@ -414,7 +451,7 @@ impl Writer {
         }
         self.ledger
             .append_report(job.report_index, job.metrics, committed);
-        self.unwritten = true;
+        self.history.unwritten.store(true, Ordering::Release);
         if job.done.is_some() {
             self.write_history().await?;
         }

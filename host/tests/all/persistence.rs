@@ -84,6 +84,39 @@ fn a_burst_of_reports_is_recorded_in_order() {
     assert_eq!(indices, (0..2000).collect::<Vec<_>>());
 }
 
+/// Reports without a checkpoint go straight into the history unless a
+/// report before them is still being written; mixing both keeps the order,
+/// and each checkpoint's line names it.
+#[test]
+fn reports_with_and_without_checkpoints_keep_their_order() {
+    let mut steps = Vec::new();
+    for i in 0..600 {
+        if i % 50 == 7 {
+            steps.push(json!({"write": "ck/i", "text": i.to_string()}));
+            steps.push(json!({"report": {"i": i}, "checkpoint": "ck"}));
+        } else {
+            steps.push(json!({"report": {"i": i}}));
+        }
+    }
+    let run = run(2, json!(steps));
+    run.assert_ok();
+    let stored = std::fs::read_to_string(run.dir().join("metrics.jsonl")).unwrap();
+    let lines: Vec<(u64, Option<u64>)> = stored
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["report_index"].as_u64().unwrap(),
+                v["checkpoint"].as_u64(),
+            )
+        })
+        .collect();
+    let expected: Vec<(u64, Option<u64>)> = (0..600)
+        .map(|i| (i, (i % 50 == 7).then_some(i / 50)))
+        .collect();
+    assert_eq!(lines, expected);
+}
+
 /// A file unchanged since the previous checkpoint is linked there on local
 /// storage instead of written again; changed files are written. Retention
 /// deleting the older checkpoint leaves the newer one whole.
