@@ -247,6 +247,10 @@ fn help_explains_every_flag() {
         "--sync-to",
         "--sync-period",
         "--quiet",
+        "--wait-for-upload",
+        "--interrupt",
+        "--cache-dir",
+        "--no-cache",
     ] {
         assert!(stdout.contains(flag), "{flag} missing from:\n{stdout}");
     }
