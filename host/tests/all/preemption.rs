@@ -172,3 +172,40 @@ fn a_forced_stop_does_not_wait_for_the_grace_period() {
         forced_at.elapsed()
     );
 }
+
+/// With `--interrupt host-calls` a rank that never calls the host again
+/// cannot be stopped; the third signal exits the CLI anyway.
+#[test]
+fn a_third_signal_exits_even_when_a_rank_cannot_be_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = json!({"steps": [{"print": "spinning"}, {"spin": true}]}).to_string();
+    let args = [
+        "run",
+        TEST_GUEST,
+        "--interrupt",
+        "host-calls",
+        "--config",
+        &config,
+        "--name",
+        "stuck",
+    ];
+    let mut host = HostProcess::spawn(&args, tmp.path());
+    host.wait_for(|l| l.contains("spinning"));
+    for _ in 0..3 {
+        // Apart, so that the signals are not merged into one.
+        std::thread::sleep(Duration::from_millis(300));
+        host.sigterm();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = host.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the host did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = host.child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(status.code(), Some(128 + 15), "{stderr}");
+    assert!(stderr.contains("third signal"), "{stderr}");
+}
