@@ -444,7 +444,7 @@ impl Ledger {
 
     /// Whether the run's storage is a local directory.
     pub fn is_local(&self) -> bool {
-        self.storage.is_local()
+        self.storage.local_path().is_some()
     }
 
     /// Commit `plan` as checkpoint `checkpoint_index` of report

@@ -17,9 +17,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
-use super::{Meter, check_size};
+use super::{FileDigest, Meter, check_size};
 use crate::Error;
 
 /// Read buffer per file being written.
@@ -36,7 +34,7 @@ pub(super) fn write_file(
     meter: &Meter,
 ) -> Result<String, Error> {
     let mut out = create(target)?;
-    let mut hasher = known_sha256.is_none().then(Sha256::new);
+    let mut hasher = FileDigest::new(known_sha256);
     let mut buf = vec![0u8; (size as usize).clamp(1, CHUNK)];
     let mut read = 0u64;
     loop {
@@ -52,9 +50,7 @@ pub(super) fn write_file(
         if read > size {
             break;
         }
-        if let Some(hasher) = &mut hasher {
-            hasher.update(&buf[..n]);
-        }
+        hasher.update(&buf[..n]);
         out.write_all(&buf[..n]).map_err(|source| Error::Io {
             path: target.to_path_buf(),
             operation: "write a checkpoint file",
@@ -63,10 +59,7 @@ pub(super) fn write_file(
         meter.inc(n as u64);
     }
     check_size(shown, size, read)?;
-    Ok(match hasher {
-        Some(hasher) => hex::encode(hasher.finalize()),
-        None => known_sha256.expect("hashed unless known"),
-    })
+    Ok(hasher.finish())
 }
 
 /// Create `target` as a new file, creating missing directories and

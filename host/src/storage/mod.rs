@@ -183,16 +183,10 @@ impl Storage {
         &self.url
     }
 
-    /// Whether files are written straight to a local filesystem, where
-    /// persisting a file costs what copying it anywhere else would.
-    pub(crate) fn is_local(&self) -> bool {
-        self.local.is_some()
-    }
-
-    /// The local directory behind this location, if it is a local one.
+    /// The local directory behind this location, if it is a local one
+    /// (its URL is the directory's absolute path).
     pub fn local_path(&self) -> Option<&Path> {
-        let p = Path::new(&self.url);
-        p.is_absolute().then_some(p)
+        self.local.as_ref().map(|_| Path::new(&self.url))
     }
 
     fn object_path(&self, relative: &str) -> ObjectPath {
@@ -311,7 +305,7 @@ impl Storage {
             .map_err(|e| Error::Runtime(format!("writing {relative}: {e}")))?;
         }
         let mut file = tokio::fs::File::from_std(file);
-        let mut hasher = known_sha256.is_none().then(Sha256::new);
+        let mut hasher = FileDigest::new(known_sha256);
         let mut read = 0u64;
         let io_err = |source: std::io::Error| Error::Io {
             path: relative.into(),
@@ -327,9 +321,7 @@ impl Storage {
                 .map_err(io_err)?;
             read = buf.len() as u64;
             check_size(relative, size, read)?;
-            if let Some(hasher) = &mut hasher {
-                hasher.update(&buf);
-            }
+            hasher.update(&buf);
             self.store
                 .put(&location, PutPayload::from(buf))
                 .await
@@ -355,9 +347,7 @@ impl Storage {
                     break;
                 }
                 read += n as u64;
-                if let Some(hasher) = &mut hasher {
-                    hasher.update(&buf[..n]);
-                }
+                hasher.update(&buf[..n]);
                 if let Err(e) = writer.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
                     return Err(self.error(format!("upload {relative}"), e));
                 }
@@ -373,10 +363,7 @@ impl Storage {
                 .await
                 .map_err(|e| self.error(format!("finish upload of {relative}"), e))?;
         }
-        Ok(match hasher {
-            Some(hasher) => hex::encode(hasher.finalize()),
-            None => known_sha256.expect("hashed unless known"),
-        })
+        Ok(hasher.finish())
     }
 
     /// Stream the object at `relative` into `out`, returning the number of
@@ -449,7 +436,35 @@ pub fn is_object_store(location: &str) -> bool {
         && !location.starts_with("memory://")
 }
 
-pub(crate) fn check_size(relative: &str, expected: u64, read: u64) -> Result<(), Error> {
+/// A file's SHA-256 as it is uploaded: computed from its bytes, or known
+/// beforehand (the caller hashed the file already) and then not computed
+/// again.
+enum FileDigest {
+    Computing(Sha256),
+    Known(String),
+}
+
+impl FileDigest {
+    fn new(known: Option<String>) -> Self {
+        known.map_or_else(|| Self::Computing(Sha256::new()), Self::Known)
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        if let Self::Computing(hasher) = self {
+            hasher.update(bytes);
+        }
+    }
+
+    /// The digest, in hex.
+    fn finish(self) -> String {
+        match self {
+            Self::Computing(hasher) => hex::encode(hasher.finalize()),
+            Self::Known(hex) => hex,
+        }
+    }
+}
+
+fn check_size(relative: &str, expected: u64, read: u64) -> Result<(), Error> {
     if read == expected {
         Ok(())
     } else {
