@@ -72,15 +72,7 @@ fn a_burst_of_reports_is_recorded_in_order() {
     let steps: Vec<_> = (0..2000).map(|i| json!({"report": {"i": i}})).collect();
     let run = run(2, json!(steps));
     run.assert_ok();
-    let stored = std::fs::read_to_string(run.dir().join("metrics.jsonl")).unwrap();
-    let indices: Vec<u64> = stored
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["report_index"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let indices: Vec<u64> = stored_history(&run.dir()).iter().map(|l| l.0).collect();
     assert_eq!(indices, (0..2000).collect::<Vec<_>>());
 }
 
@@ -100,17 +92,7 @@ fn reports_with_and_without_checkpoints_keep_their_order() {
     }
     let run = run(2, json!(steps));
     run.assert_ok();
-    let stored = std::fs::read_to_string(run.dir().join("metrics.jsonl")).unwrap();
-    let lines: Vec<(u64, Option<u64>)> = stored
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (
-                v["report_index"].as_u64().unwrap(),
-                v["checkpoint"].as_u64(),
-            )
-        })
-        .collect();
+    let lines = stored_history(&run.dir());
     let expected: Vec<(u64, Option<u64>)> = (0..600)
         .map(|i| (i, (i % 50 == 7).then_some(i / 50)))
         .collect();

@@ -150,6 +150,22 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// The metrics history a run stored (`metrics.jsonl`): per line, the
+/// report's index and the checkpoint it committed, if any.
+pub fn stored_history(run_dir: &Path) -> Vec<(u64, Option<u64>)> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["report_index"].as_u64().unwrap(),
+                v["checkpoint"].as_u64(),
+            )
+        })
+        .collect()
+}
+
 /// The names of the checkpoint directories in a run directory.
 pub fn checkpoint_dirs(run_dir: &Path) -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_dir(run_dir)

@@ -327,14 +327,18 @@ fn children_cpu() -> Duration {
     rusage(libc::RUSAGE_CHILDREN)
 }
 
-fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
-    let sizes: &[u64] = if quick {
+/// The checkpoint sizes the persist and blocked groups measure.
+fn checkpoint_sizes(quick: bool) -> &'static [u64] {
+    if quick {
         &[64 << 20]
     } else {
         &[64 << 20, 1 << 30]
-    };
+    }
+}
+
+fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
-    for &total in sizes {
+    for &total in checkpoint_sizes(quick) {
         let layout = layout(total);
         let work = tempfile::tempdir()?;
         let src = work.path().join("src");
@@ -407,13 +411,8 @@ fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
 // --------------------------------------------------------------- blocked
 
 fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
-    let sizes: &[u64] = if quick {
-        &[64 << 20]
-    } else {
-        &[64 << 20, 1 << 30]
-    };
     let mut rows = Vec::new();
-    for &total in sizes {
+    for &total in checkpoint_sizes(quick) {
         let config = json!({"mode": "checkpoint", "files": layout(total), "reports": 3});
         // Per mode (blocking, background): first, changed, unchanged.
         let mut samples = [[vec![], vec![], vec![]], [vec![], vec![], vec![]]];
