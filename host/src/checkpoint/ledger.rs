@@ -3,7 +3,7 @@
 //!
 //! A report with a checkpoint is written in this order, so that a host
 //! killed at any instant leaves storage resumable (R11, R12, R18):
-//! 1. the checkpoint's files;
+//! 1. the checkpoint's files, made durable ([`Storage::sync_uploads`]);
 //! 2. its manifest (the commit);
 //! 3. the run state, naming the new checkpoint and the retained ones;
 //! 4. deletions by retention, each manifest first;
@@ -513,6 +513,8 @@ impl Ledger {
             committed_at: manifest::now_rfc3339(),
         };
         let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
+        // The manifest is written after every file is durable (R11).
+        dest.sync_uploads().await?;
         dest.put(manifest::MANIFEST, Bytes::from(json)).await?;
         tracing::info!(
             checkpoint = %dest.url(),

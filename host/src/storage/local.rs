@@ -96,6 +96,31 @@ fn create(target: &Path) -> Result<File, Error> {
     ))
 }
 
+/// Flush every file written on the file system holding `dir` to its
+/// device, and the directory entries naming them.
+pub(super) fn sync_file_system(dir: &Path) -> Result<(), Error> {
+    let io_err = |source| Error::Io {
+        path: dir.to_path_buf(),
+        operation: "flush checkpoint files to disk",
+        source,
+    };
+    // A checkpoint without files has no directory; its file system is
+    // its parent's.
+    let existing = dir.ancestors().find(|d| d.is_dir()).unwrap_or(dir);
+    let handle = File::open(existing).map_err(io_err)?;
+    // syncfs reports write-back errors of the file system (Linux 5.8+), so
+    // a file that failed to reach the disk fails the commit.
+    #[cfg(target_os = "linux")]
+    rustix::fs::syncfs(&handle).map_err(|e| io_err(e.into()))?;
+    // Elsewhere (not tested here), sync(2) flushes every file system.
+    #[cfg(not(target_os = "linux"))]
+    {
+        drop(handle);
+        rustix::fs::sync();
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +195,14 @@ mod tests {
                 "{err:?}"
             );
         }
+    }
+
+    #[test]
+    fn syncs_the_file_system_of_a_checkpoint_without_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("weights.bin"), b"abc").unwrap();
+        sync_file_system(dir.path()).unwrap();
+        // An empty checkpoint has no directory of its own.
+        sync_file_system(&dir.path().join("checkpoint_000000")).unwrap();
     }
 }

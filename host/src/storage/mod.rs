@@ -144,7 +144,10 @@ impl Storage {
         let store = LocalFileSystem::new_with_prefix(&abs)
             .map_err(|e| Error::InvalidConfig(format!("storage directory {}: {e}", abs.display())))?
             // Deleting a checkpoint's files removes its now empty directories.
-            .with_automatic_cleanup(true);
+            .with_automatic_cleanup(true)
+            // A manifest, run state or history written here must survive a
+            // power loss once written (R11, R12), not only a killed process.
+            .with_fsync(true);
         let store = Arc::new(store);
         Ok(Self {
             local: Some(Arc::clone(&store)),
@@ -275,6 +278,22 @@ impl Storage {
             .iter()
             .filter_map(|p| p.filename().map(str::to_owned))
             .collect())
+    }
+
+    /// Make the files [`Storage::upload_file`] wrote durable: they survive
+    /// a power loss once this returns. A manifest must not be written
+    /// before (R11). Object stores and `object_store`'s own local writes
+    /// are durable when their call returns, so this only acts on local
+    /// storage, whose checkpoint files are written directly and left to
+    /// the page cache until one sync of the whole file system, far cheaper
+    /// than a sync per file for checkpoints of many files.
+    pub async fn sync_uploads(&self) -> Result<(), Error> {
+        let Some(dir) = self.local_path().map(Path::to_path_buf) else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || local::sync_file_system(&dir))
+            .await
+            .map_err(|e| Error::Runtime(format!("syncing {}: {e}", self.url)))?
     }
 
     /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256
