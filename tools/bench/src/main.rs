@@ -343,7 +343,8 @@ fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
         let work = tempfile::tempdir()?;
         let src = work.path().join("src");
         trainhost_bench_kernel::write_layout(&src, &layout, 1)?;
-        let (mut cp, mut cp_hash, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut cp, mut cp_sync, mut cp_hash, mut ours) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // A small checkpoint is written in tens of milliseconds, where
         // scheduling noise is large: take more samples.
         let reps = if total <= 64 << 20 { reps * 3 } else { reps };
@@ -355,6 +356,11 @@ fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
             sync();
             let (wall, _) = time_command(Command::new("cp").arg("-r").arg(&src).arg(&dst))?;
             cp.push(wall.as_nanos() as f64);
+            // A committed checkpoint is on disk (R11); a copy is not until
+            // its dirty pages are written back.
+            let started = Instant::now();
+            sync();
+            cp_sync.push((wall + started.elapsed()).as_nanos() as f64);
             // The same work by two tools: copy, then checksum every copy.
             let hash = format!(
                 "find {0} -type f -exec sha256sum {{}} + > /dev/null",
@@ -375,7 +381,8 @@ fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
             ours.push(started.elapsed().as_nanos() as f64);
             std::fs::remove_dir_all(&storage)?;
         }
-        let (cp, cp_hash, ours) = (median(cp), median(cp_hash), median(ours));
+        let (cp, cp_sync, cp_hash, ours) =
+            (median(cp), median(cp_sync), median(cp_hash), median(ours));
         rows.push(Row {
             group: "persist",
             measure: format!(
@@ -383,12 +390,25 @@ fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
                 size_name(total),
                 describe(&layout)
             ),
-            baseline_name: "`cp -r` of the same files".into(),
+            baseline_name: "`cp -r` of the same files, left in the page cache".into(),
             baseline: cp,
             ours,
             unit: Unit::Nanos,
             goal: "≤ 1.2 × cp".into(),
             met: Some(ours <= 1.2 * cp),
+        });
+        rows.push(Row {
+            group: "persist",
+            measure: format!(
+                "persist a {} checkpoint to local storage, as above",
+                size_name(total)
+            ),
+            baseline_name: "`cp -r`, then `sync` (the copy on disk, as a commit is)".into(),
+            baseline: cp_sync,
+            ours,
+            unit: Unit::Nanos,
+            goal: "≤ 1.2 × cp".into(),
+            met: Some(ours <= 1.2 * cp_sync),
         });
         rows.push(Row {
             group: "persist",
