@@ -127,7 +127,8 @@ struct RunArgs {
     grace_period: Duration,
 
     /// If a run of this name exists, delete it and start over instead of
-    /// continuing it.
+    /// continuing it. Also needed to reuse a name whose directory holds
+    /// checkpoints but no run state (an interrupted --fresh).
     #[arg(long)]
     fresh: bool,
 

@@ -263,7 +263,9 @@ pub struct RunConfig {
     /// final checkpoint and return before they are stopped. Default 30 s.
     pub preemption_grace: Duration,
     /// If a run of this name exists: `false` (default) continues it,
-    /// `true` deletes it and starts over.
+    /// `true` deletes it and starts over. A name whose directory holds
+    /// checkpoints or a history but no run state (a start-fresh that was
+    /// interrupted) is refused unless `true`, which deletes them.
     pub fresh: bool,
     /// Endpoint, credentials, retries and timeouts for object stores
     /// (also used to read `resume_from`).

@@ -162,11 +162,25 @@ impl Ledger {
             reason,
         };
         let mut existing = storage.get(manifest::RUN_STATE).await?;
-        if existing.is_some() && options.fresh {
+        // A new run writes its state before anything else, so files of a
+        // run without a state are left by an interrupted start-fresh (the
+        // state is deleted first) or by hand. They belong to another run:
+        // a resume would adopt its checkpoints as this run's.
+        let leftovers = match existing {
+            Some(_) => Vec::new(),
+            None => Self::leftovers(&storage).await?,
+        };
+        if options.fresh && (existing.is_some() || !leftovers.is_empty()) {
             tracing::warn!(run = %storage.url(), "deleting the existing run to start fresh");
             storage.delete(manifest::RUN_STATE).await?;
             storage.delete_all("").await?;
             existing = None;
+        } else if !leftovers.is_empty() {
+            return Err(conflict(format!(
+                "it holds {} but no {} (left by an interrupted start-fresh, or the state was deleted); choose another run name, or start fresh (which deletes them)",
+                leftovers.join(", "),
+                manifest::RUN_STATE
+            )));
         }
         let resuming = existing.is_some();
         let mut state = match existing {
@@ -239,6 +253,27 @@ impl Ledger {
             ledger.write_state().await?;
         }
         Ok(ledger)
+    }
+
+    /// What a run without a state holds of a run: checkpoint directories
+    /// and a history (at most three named).
+    async fn leftovers(storage: &Storage) -> Result<Vec<String>, Error> {
+        let mut found: Vec<String> = storage
+            .list_dirs("")
+            .await?
+            .into_iter()
+            .filter(|name| manifest::parse_checkpoint_dir_name(name).is_some())
+            .collect();
+        found.sort();
+        let dirs = found.len();
+        if dirs > 3 {
+            found.truncate(3);
+            found.push(format!("{} more checkpoint directories", dirs - 3));
+        }
+        if storage.get(manifest::HISTORY).await?.is_some() {
+            found.push(manifest::HISTORY.to_owned());
+        }
+        Ok(found)
     }
 
     /// Bring storage and state into agreement after a host was killed.

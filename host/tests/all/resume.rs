@@ -251,6 +251,54 @@ fn a_changed_config_is_refused_unless_starting_fresh() {
 }
 
 #[test]
+fn leftovers_of_an_interrupted_start_fresh_are_refused_then_deleted_by_fresh() {
+    let first = run(1, script());
+    first.assert_ok();
+    // Starting fresh deletes the run state first, then the rest: a host
+    // killed in between leaves committed checkpoints and a history with
+    // no state.
+    std::fs::remove_file(first.dir().join("trainhost-run.json")).unwrap();
+    std::fs::remove_dir_all(first.dir().join("checkpoint_000000")).unwrap();
+
+    let steps = json!([{"print_checkpoint": true}, {"report": {"new": 1}}]);
+    let (builder, _scratch, _lines) = scripted(1, steps.clone());
+    let err = builder
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: first.storage.path().display().to_string(),
+            ..Default::default()
+        })
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("holds checkpoint_000001, metrics.jsonl but no trainhost-run.json")
+            && message.contains("start fresh"),
+        "{message}"
+    );
+    assert!(
+        first.dir().join("checkpoint_000001").exists(),
+        "refusing touches nothing"
+    );
+
+    let fresh = rerun(&first, true, steps);
+    fresh.assert_ok();
+    assert_eq!(fresh.stdout(0), ["checkpoint: none", "report ok"]);
+    assert_eq!(
+        checkpoint_dirs(&first.dir()),
+        Vec::<String>::new(),
+        "the other run's checkpoint was deleted"
+    );
+    assert_eq!(
+        fresh.result.metrics_history.len(),
+        1,
+        "no history line of the other run"
+    );
+}
+
+#[test]
 fn a_history_line_lost_to_a_kill_is_restored_from_the_committed_checkpoint() {
     let first = run(1, script());
     first.assert_ok();
