@@ -2,6 +2,7 @@
 //! gate, the ledger, the restore cache, preemption, and the attempt's first
 //! failure.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -56,6 +57,8 @@ pub(crate) struct Session {
     waiting: Vec<AtomicBool>,
     /// Per rank: returned (or failed).
     ended: Vec<AtomicBool>,
+    /// Damaged checkpoints already reported: every rank runs into them.
+    damaged: Mutex<HashSet<String>>,
 }
 
 impl Session {
@@ -88,6 +91,7 @@ impl Session {
             alive_at: (0..world_size).map(|_| AtomicU64::new(0)).collect(),
             waiting: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
             ended: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
+            damaged: Mutex::new(HashSet::new()),
         }
     }
 
@@ -310,9 +314,14 @@ impl Session {
                 // Every rank walks the same cached results, so all settle on
                 // the same older checkpoint.
                 Err(RestoreFailed::Corrupt(message)) => {
-                    if corrupt.is_empty() {
+                    let first_time = self
+                        .damaged
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name.clone());
+                    if first_time {
                         tracing::error!(
-                            "checkpoint {name} of the run is damaged in storage and is skipped; falling back to an older one: {message}"
+                            "checkpoint {name} of the run is damaged in storage and is skipped: {message}"
                         );
                     }
                     corrupt.push(message);

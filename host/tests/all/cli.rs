@@ -383,3 +383,36 @@ fn the_compile_cache_is_filled_once_then_used() {
     assert!(run(&[]).contains("cache=Some(Miss)"));
     assert_eq!(entries(&tmp.path().join("home/.cache/trainhost")), 1);
 }
+
+#[test]
+fn a_damaged_checkpoint_is_reported_once_not_once_per_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "run",
+        LINEAR_REGRESSION,
+        "--workers",
+        "4",
+        "--config",
+        r#"{"num_epochs": 2}"#,
+        "--name",
+        "rot",
+    ];
+    let out = trainhost(&args, tmp.path());
+    assert!(out.status.success(), "{}", text(&out).1);
+    let newest = tmp
+        .path()
+        .join("trainhost_results/rot/checkpoint_000001/model.safetensors");
+    std::fs::write(newest, "bit rot").unwrap();
+
+    let out = trainhost(&args, tmp.path());
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr
+            .matches("checkpoint checkpoint_000001 of the run is damaged")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stdout.contains("resuming from"), "{stdout}");
+}
