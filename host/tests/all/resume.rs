@@ -118,6 +118,22 @@ fn rerun(first: &Run, fresh: bool, steps: serde_json::Value) -> Run {
     finish(builder, scratch, lines)
 }
 
+/// Run `steps` under run "t" in `first`'s storage, continuing it; the run
+/// must be refused before it starts.
+fn refused_rerun(first: &Run, steps: serde_json::Value) -> trainhost::Error {
+    let (builder, _scratch, _lines) = scripted(1, steps);
+    builder
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: first.storage.path().display().to_string(),
+            ..Default::default()
+        })
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap_err()
+}
+
 #[test]
 fn leftovers_of_interrupted_uploads_are_removed_and_never_restored() {
     let first = run(1, script());
@@ -220,17 +236,7 @@ fn a_changed_config_is_refused_unless_starting_fresh() {
     let first = run(1, script());
     first.assert_ok();
     let changed = json!([{"print_checkpoint": true}, {"report": {"other": 1}}]);
-    let (builder, _scratch, _lines) = scripted(1, changed.clone());
-    let err = builder
-        .run_config(RunConfig {
-            name: Some("t".into()),
-            storage_path: first.storage.path().display().to_string(),
-            ..Default::default()
-        })
-        .build()
-        .unwrap()
-        .fit()
-        .unwrap_err();
+    let err = refused_rerun(&first, changed.clone());
     assert!(
         err.to_string().contains("exists with a different config"),
         "{err}"
@@ -261,17 +267,7 @@ fn leftovers_of_an_interrupted_start_fresh_are_refused_then_deleted_by_fresh() {
     std::fs::remove_dir_all(first.dir().join("checkpoint_000000")).unwrap();
 
     let steps = json!([{"print_checkpoint": true}, {"report": {"new": 1}}]);
-    let (builder, _scratch, _lines) = scripted(1, steps.clone());
-    let err = builder
-        .run_config(RunConfig {
-            name: Some("t".into()),
-            storage_path: first.storage.path().display().to_string(),
-            ..Default::default()
-        })
-        .build()
-        .unwrap()
-        .fit()
-        .unwrap_err();
+    let err = refused_rerun(&first, steps.clone());
     let message = err.to_string();
     assert!(
         message.contains("holds checkpoint_000001, metrics.jsonl but no trainhost-run.json")
