@@ -253,7 +253,11 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
         }
         let mut host = start(c, &storage)?;
         let expected = newest;
-        let span = startup + per_epoch * (c.epochs - done);
+        // Half again the work left: a resumed run also restores its
+        // checkpoint, and a window no longer than the work would stall a
+        // campaign near the end of a run, killing every restart before it
+        // can report.
+        let span = (startup + per_epoch * (c.epochs - done)) * 3 / 2;
         std::thread::sleep(Duration::from_micros(rng.below(span.as_micros() as u64)));
         if host.child.try_wait()?.is_some() {
             // It finished before the kill.
