@@ -258,13 +258,11 @@ impl Ledger {
     /// What a run without a state holds of a run: checkpoint directories
     /// and a history (at most three named).
     async fn leftovers(storage: &Storage) -> Result<Vec<String>, Error> {
-        let mut found: Vec<String> = storage
-            .list_dirs("")
+        let mut found: Vec<String> = checkpoint_dirs(storage)
             .await?
             .into_iter()
-            .filter(|name| manifest::parse_checkpoint_dir_name(name).is_some())
+            .map(|(_, name)| name)
             .collect();
-        found.sort();
         let dirs = found.len();
         if dirs > 3 {
             found.truncate(3);
@@ -278,14 +276,7 @@ impl Ledger {
 
     /// Bring storage and state into agreement after a host was killed.
     async fn repair(&self) -> Result<(), Error> {
-        let mut dirs: Vec<(u64, String)> = self
-            .storage
-            .list_dirs("")
-            .await?
-            .into_iter()
-            .filter_map(|name| manifest::parse_checkpoint_dir_name(&name).map(|i| (i, name)))
-            .collect();
-        dirs.sort();
+        let dirs = checkpoint_dirs(&self.storage).await?;
         let (retained, next) = {
             let inner = self.lock();
             let retained: Vec<u64> = inner.state.checkpoints.iter().map(|c| c.index).collect();
@@ -596,6 +587,19 @@ impl Ledger {
         let bytes = Bytes::from(self.lock().history_jsonl.clone());
         self.storage.put(manifest::HISTORY, bytes).await
     }
+}
+
+/// The checkpoint directories of the run at `storage`, committed or not,
+/// by index.
+async fn checkpoint_dirs(storage: &Storage) -> Result<Vec<(u64, String)>, Error> {
+    let mut dirs: Vec<(u64, String)> = storage
+        .list_dirs("")
+        .await?
+        .into_iter()
+        .filter_map(|name| manifest::parse_checkpoint_dir_name(&name).map(|i| (i, name)))
+        .collect();
+    dirs.sort();
+    Ok(dirs)
 }
 
 /// A checkpoint's files persisted but not yet committed.
