@@ -118,11 +118,12 @@ fn rerun(first: &Run, fresh: bool, steps: serde_json::Value) -> Run {
     finish(builder, scratch, lines)
 }
 
-/// Run `steps` under run "t" in `first`'s storage, continuing it; the run
-/// must be refused before it starts.
-fn refused_rerun(first: &Run, steps: serde_json::Value) -> trainhost::Error {
-    let (builder, _scratch, _lines) = scripted(1, steps);
-    builder
+/// Run `steps` under run "t" in `first`'s storage: continuing must be
+/// refused with an error holding every one of `refusal` and touch nothing;
+/// starting fresh must then delete the old run's checkpoints and history.
+fn refused_then_started_fresh(first: &Run, steps: serde_json::Value, refusal: &[&str]) {
+    let (builder, _scratch, _lines) = scripted(1, steps.clone());
+    let err = builder
         .run_config(RunConfig {
             name: Some("t".into()),
             storage_path: first.storage.path().display().to_string(),
@@ -131,7 +132,30 @@ fn refused_rerun(first: &Run, steps: serde_json::Value) -> trainhost::Error {
         .build()
         .unwrap()
         .fit()
-        .unwrap_err()
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        refusal.iter().all(|part| message.contains(part)),
+        "{message}"
+    );
+    assert!(
+        first.dir().join("checkpoint_000001").exists(),
+        "refusing touches nothing"
+    );
+
+    let fresh = rerun(first, true, steps);
+    fresh.assert_ok();
+    assert_eq!(fresh.stdout(0), ["checkpoint: none", "report ok"]);
+    assert_eq!(
+        checkpoint_dirs(&first.dir()),
+        Vec::<String>::new(),
+        "the old run's checkpoints were deleted"
+    );
+    assert_eq!(
+        fresh.result.metrics_history.len(),
+        1,
+        "no history line of the old run"
+    );
 }
 
 #[test]
@@ -236,24 +260,7 @@ fn a_changed_config_is_refused_unless_starting_fresh() {
     let first = run(1, script());
     first.assert_ok();
     let changed = json!([{"print_checkpoint": true}, {"report": {"other": 1}}]);
-    let err = refused_rerun(&first, changed.clone());
-    assert!(
-        err.to_string().contains("exists with a different config"),
-        "{err}"
-    );
-    assert!(
-        first.dir().join("checkpoint_000001").exists(),
-        "refusing touches nothing"
-    );
-
-    let fresh = rerun(&first, true, changed);
-    fresh.assert_ok();
-    assert_eq!(fresh.stdout(0), ["checkpoint: none", "report ok"]);
-    assert!(
-        checkpoint_dirs(&first.dir()).is_empty(),
-        "the old run was deleted"
-    );
-    assert_eq!(fresh.result.metrics_history.len(), 1);
+    refused_then_started_fresh(&first, changed, &["exists with a different config"]);
 }
 
 #[test]
@@ -267,30 +274,13 @@ fn leftovers_of_an_interrupted_start_fresh_are_refused_then_deleted_by_fresh() {
     std::fs::remove_dir_all(first.dir().join("checkpoint_000000")).unwrap();
 
     let steps = json!([{"print_checkpoint": true}, {"report": {"new": 1}}]);
-    let err = refused_rerun(&first, steps.clone());
-    let message = err.to_string();
-    assert!(
-        message.contains("holds checkpoint_000001, metrics.jsonl but no trainhost-run.json")
-            && message.contains("start fresh"),
-        "{message}"
-    );
-    assert!(
-        first.dir().join("checkpoint_000001").exists(),
-        "refusing touches nothing"
-    );
-
-    let fresh = rerun(&first, true, steps);
-    fresh.assert_ok();
-    assert_eq!(fresh.stdout(0), ["checkpoint: none", "report ok"]);
-    assert_eq!(
-        checkpoint_dirs(&first.dir()),
-        Vec::<String>::new(),
-        "the other run's checkpoint was deleted"
-    );
-    assert_eq!(
-        fresh.result.metrics_history.len(),
-        1,
-        "no history line of the other run"
+    refused_then_started_fresh(
+        &first,
+        steps,
+        &[
+            "holds checkpoint_000001, metrics.jsonl but no trainhost-run.json",
+            "start fresh",
+        ],
     );
 }
 
