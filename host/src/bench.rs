@@ -5,7 +5,8 @@
 use std::path::Path;
 
 use crate::checkpoint::{capture, merge, persist};
-use crate::storage::{Storage, StorageOptions};
+use crate::config::{Location, StorageOptions};
+use crate::storage::Storage;
 use crate::{Error, runtime::CompileCache};
 
 /// Persist the files below `dir` to `<storage>/<name>` as a checkpoint's
@@ -37,7 +38,7 @@ pub fn persist_directory(
     let captured = capture(0, handle, &shown).map_err(Error::InvalidConfig)?;
     let plan = merge(vec![captured])
         .map_err(|_| Error::InvalidConfig("one capture cannot collide with itself".into()))?;
-    let dest = Storage::open(storage, options)?.child(name);
+    let dest = Storage::open(&Location::parse(storage)?, options)?.child(name);
     let (entries, _) = rt.block_on(persist(&dest, &plan, None))?;
     Ok((entries.len(), entries.iter().map(|e| e.size).sum()))
 }

@@ -41,7 +41,9 @@
 #[doc(hidden)]
 pub mod bench;
 mod checkpoint;
+mod config;
 mod error;
+mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
 mod metrics;
@@ -56,16 +58,16 @@ pub use checkpoint::{
     Checkpoint, CheckpointDir, CheckpointRecord, FileEntry, Manifest, ReportRecord,
     committed_checkpoints, committed_checkpoints_with,
 };
+pub use config::{
+    CheckpointConfig, DEFAULT_PREEMPTION_GRACE, DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE,
+    DEFAULT_SYNC_PERIOD, FailureConfig, Interruption, MaxFailures, ResourceLimits, RunConfig,
+    ScalingConfig, ScoreOrder, StorageOptions, SyncConfig,
+};
 pub use error::Error;
+pub use failure::{FailureKind, RunFailure};
 pub use metrics::{MetricValue, Metrics};
 pub use preemption::Preemption;
-pub use result::{FailureKind, RunFailure, TrainResult};
+pub use result::TrainResult;
 pub use runtime::cache::default_cache_dir;
-pub use runtime::limits::{Interruption, ResourceLimits};
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
-pub use storage::StorageOptions;
-pub use sync::{DEFAULT_SYNC_PERIOD, SyncConfig};
-pub use trainer::{
-    CheckpointConfig, DEFAULT_PREEMPTION_GRACE, DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE,
-    FailureConfig, GuestSource, RunConfig, ScalingConfig, ScoreOrder, Trainer, TrainerBuilder,
-};
+pub use trainer::{GuestSource, Trainer, TrainerBuilder};

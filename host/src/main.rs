@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use trainhost::{
-    CheckpointConfig, FailureConfig, Interruption, Preemption, ResourceLimits, RunConfig,
-    ScalingConfig, StorageOptions, SyncConfig, Trainer,
+    CheckpointConfig, FailureConfig, Interruption, MaxFailures, Preemption, ResourceLimits,
+    RunConfig, ScalingConfig, StorageOptions, SyncConfig, Trainer,
 };
 
 /// `--interrupt`'s values.
@@ -88,7 +88,7 @@ struct RunArgs {
     #[arg(
         long,
         value_name = "N",
-        value_parser = parse_num_to_keep,
+        value_parser = CheckpointConfig::parse_num_to_keep,
         allow_negative_numbers = true,
         help_heading = "Retention"
     )]
@@ -113,11 +113,11 @@ struct RunArgs {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = 0,
+        default_value = "0",
         allow_negative_numbers = true,
         help_heading = "Failures"
     )]
-    max_failures: i64,
+    max_failures: MaxFailures,
 
     /// On SIGTERM or Ctrl-C, how long ranks have to report a final
     /// checkpoint before they are stopped (a second signal stops them at
@@ -295,16 +295,6 @@ struct CheckpointsArgs {
 
     #[command(flatten)]
     storage_flags: StorageFlags,
-}
-
-fn parse_num_to_keep(s: &str) -> Result<usize, String> {
-    match s.parse::<i64>() {
-        Ok(n) if n >= 1 => Ok(n as usize),
-        Ok(n) => Err(format!(
-            "must be at least 1, got {n}; leave it out to keep every checkpoint"
-        )),
-        Err(e) => Err(format!("{e}")),
-    }
 }
 
 /// A size such as `4096`, `64KiB`, `512MiB`, `2GiB` (K, M, G and KB, MB,

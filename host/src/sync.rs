@@ -14,73 +14,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::Error;
+use crate::config::SyncConfig;
 
-/// Mirror the run directory to a target with an external command (Ray
-/// Tune's custom syncer).
-///
-/// ```
-/// use std::time::Duration;
-/// let sync = trainhost::SyncConfig {
-///     command: "aws s3 sync {source} {target}".into(),
-///     target: "s3://bucket/runs".into(),
-///     period: Duration::from_secs(300),
-/// };
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncConfig {
-    /// The command, with `{source}` and `{target}` placeholders.
-    pub command: String,
-    /// Where runs are mirrored; the run's directory is `<target>/<run>`.
-    pub target: String,
-    /// At most one sync per period while the run goes on (default 5
-    /// minutes); the run always syncs once more at the end.
-    pub period: Duration,
-}
-
-/// The default [`SyncConfig::period`], as Ray Tune's.
-pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(300);
-
-impl SyncConfig {
-    /// Refuse commands without both placeholders, or with unknown ones.
-    pub(crate) fn validate(&self) -> Result<(), Error> {
-        let bad = |m: String| {
-            Err(Error::InvalidConfig(format!(
-                "sync command {:?}: {m}",
-                self.command
-            )))
-        };
-        if self.target.is_empty() {
-            return bad("the sync target is empty".into());
-        }
-        let mut rest = self.command.as_str();
-        while let Some(open) = rest.find('{') {
-            let after = &rest[open + 1..];
-            let Some(close) = after.find('}') else {
-                return bad("has a '{' without '}'".into());
-            };
-            let name = &after[..close];
-            if name != "source" && name != "target" {
-                return bad(format!(
-                    "unknown placeholder {{{name}}}; use {{source}} and {{target}}"
-                ));
-            }
-            rest = &after[close + 1..];
-        }
-        for needed in ["{source}", "{target}"] {
-            if !self.command.contains(needed) {
-                return bad(format!("needs the placeholder {needed}"));
-            }
-        }
-        Ok(())
-    }
-
-    /// The command line for one sync from `source` to `target`.
-    fn render(&self, source: &str, target: &str) -> String {
-        self.command
-            .replace("{source}", &shell_quote(source))
-            .replace("{target}", &shell_quote(target))
-    }
+/// The command line for one sync from `source` to `target`.
+fn render(config: &SyncConfig, source: &str, target: &str) -> String {
+    config
+        .command
+        .replace("{source}", &shell_quote(source))
+        .replace("{target}", &shell_quote(target))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -89,7 +30,7 @@ fn shell_quote(s: &str) -> String {
 
 /// Run the command once; the error carries its status and output.
 fn run_once(config: &SyncConfig, source: &str, target: &str) -> Result<(), String> {
-    let line = config.render(source, target);
+    let line = render(config, source, target);
     let started = Instant::now();
     let out = Command::new("sh")
         .arg("-c")
@@ -205,31 +146,14 @@ mod tests {
         SyncConfig {
             command: command.into(),
             target: "/remote".into(),
-            period: DEFAULT_SYNC_PERIOD,
-        }
-    }
-
-    #[test]
-    fn placeholders_are_checked() {
-        assert!(config("aws s3 sync {source} {target}").validate().is_ok());
-        for (bad, why) in [
-            ("aws s3 sync {source}", "needs the placeholder {target}"),
-            ("cp {src} {target}", "unknown placeholder {src}"),
-            (
-                "cp {source {target}",
-                "unknown placeholder {source {target}",
-            ),
-            ("cp {source} {target", "'{' without '}'"),
-        ] {
-            let err = config(bad).validate().unwrap_err().to_string();
-            assert!(err.contains(why), "{bad}: {err}");
+            period: crate::config::DEFAULT_SYNC_PERIOD,
         }
     }
 
     #[test]
     fn paths_are_shell_quoted() {
         let c = config("cp -R {source} {target}");
-        assert_eq!(c.render("/a b", "/it's"), r"cp -R '/a b' '/it'\''s'");
+        assert_eq!(render(&c, "/a b", "/it's"), r"cp -R '/a b' '/it'\''s'");
     }
 
     #[test]

@@ -8,26 +8,19 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-pub use crate::checkpoint::ScoreOrder;
-use crate::checkpoint::{Checkpoint, Ledger, LedgerOptions, RestoreCache, Retention, Session};
+use crate::checkpoint::{Checkpoint, Ledger, LedgerOptions, RestoreCache, Session};
+use crate::config::{
+    Checked, Location, MaxFailures, ResourceLimits, Retention, RunConfig, ScalingConfig,
+};
 use crate::preemption::Preemption;
 use crate::result::TrainResult;
-use crate::runtime::limits::{Interruption, ResourceLimits};
 use crate::runtime::output::{OutputSink, TerminalOutput};
 use crate::runtime::{
     CompileCache, GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
 };
-use crate::storage::{Storage, StorageOptions, is_object_store};
-use crate::sync::{SyncConfig, Syncer};
+use crate::storage::Storage;
+use crate::sync::Syncer;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// The storage used when none is given, as in Ray's `~/ray_results`.
-pub const DEFAULT_STORAGE: &str = "./trainhost_results";
-/// How long ranks wait for each other in `report` by default.
-pub const DEFAULT_REPORT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-/// How long ranks have to checkpoint after preemption is requested, by
-/// default.
-pub const DEFAULT_PREEMPTION_GRACE: Duration = Duration::from_secs(30);
 
 /// The guest component to run.
 ///
@@ -85,225 +78,6 @@ impl GuestSource {
                 .unwrap_or("trainhost")
                 .to_owned(),
             GuestSource::Bytes(_) => "trainhost".into(),
-        }
-    }
-}
-
-/// How many ranks to run (Ray's `ScalingConfig`).
-///
-/// ```
-/// let scaling = trainhost::ScalingConfig { num_workers: 4 };
-/// assert_eq!(trainhost::ScalingConfig::default().num_workers, 1);
-/// # let _ = scaling;
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScalingConfig {
-    /// The number of ranks (Ray's `num_workers`). Default 1.
-    pub num_workers: u32,
-}
-
-impl Default for ScalingConfig {
-    fn default() -> Self {
-        Self { num_workers: 1 }
-    }
-}
-
-/// Which checkpoints to keep (Ray's `CheckpointConfig`).
-///
-/// ```
-/// use trainhost::{CheckpointConfig, ScoreOrder};
-/// // Keep the 3 checkpoints with the lowest loss (plus always the latest),
-/// // and every 10th whatever its loss.
-/// let keep = CheckpointConfig {
-///     num_to_keep: Some(3),
-///     checkpoint_score_attribute: Some("loss".into()),
-///     checkpoint_score_order: Some(ScoreOrder::Min),
-///     keep_every: Some(10),
-/// };
-/// // Tune's shorthand says the same about the order:
-/// let same = CheckpointConfig {
-///     num_to_keep: Some(3),
-///     checkpoint_score_attribute: Some("min-loss".into()),
-///     ..CheckpointConfig::default()
-/// };
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CheckpointConfig {
-    /// How many of the best checkpoints to keep; `None` (default) keeps
-    /// all. The latest checkpoint is kept in addition, so storage may hold
-    /// one more.
-    pub num_to_keep: Option<usize>,
-    /// The metric that ranks checkpoints; `None` ranks by recency. Tune's
-    /// shorthand `max-<metric>` / `min-<metric>` sets the order too.
-    pub checkpoint_score_attribute: Option<String>,
-    /// Whether a higher or lower score is better (default `Max`, as in
-    /// Ray).
-    pub checkpoint_score_order: Option<ScoreOrder>,
-    /// Keep every N-th checkpoint (index divisible by N) whatever its score.
-    pub keep_every: Option<u64>,
-}
-
-impl CheckpointConfig {
-    pub(crate) fn retention(&self) -> Result<Retention, Error> {
-        if self.num_to_keep == Some(0) {
-            return Err(Error::InvalidConfig(
-                "num_to_keep is 0; keep at least 1 checkpoint, or leave it unset to keep all"
-                    .into(),
-            ));
-        }
-        if self.keep_every == Some(0) {
-            return Err(Error::InvalidConfig(
-                "keep_every is 0; give N >= 1 to keep every N-th checkpoint".into(),
-            ));
-        }
-        if self.checkpoint_score_attribute.is_none() && self.checkpoint_score_order.is_some() {
-            return Err(Error::InvalidConfig(
-                "checkpoint_score_order is set without checkpoint_score_attribute; name the metric to rank by".into(),
-            ));
-        }
-        if self.keep_every.is_some() && self.num_to_keep.is_none() {
-            return Err(Error::InvalidConfig(
-                "keep_every needs num_to_keep: without num_to_keep every checkpoint is kept anyway"
-                    .into(),
-            ));
-        }
-        let score = match &self.checkpoint_score_attribute {
-            None => None,
-            Some(attr) => {
-                let (attr, implied) = match attr.split_once('-') {
-                    Some(("max", rest)) if !rest.is_empty() => (rest, Some(ScoreOrder::Max)),
-                    Some(("min", rest)) if !rest.is_empty() => (rest, Some(ScoreOrder::Min)),
-                    _ => (attr.as_str(), None),
-                };
-                if attr.is_empty() {
-                    return Err(Error::InvalidConfig(
-                        "checkpoint_score_attribute is empty".into(),
-                    ));
-                }
-                let order = match (implied, self.checkpoint_score_order) {
-                    (Some(a), Some(b)) if a != b => {
-                        return Err(Error::InvalidConfig(format!(
-                            "checkpoint_score_attribute {:?} implies order {a:?} but checkpoint_score_order is {b:?}; drop one",
-                            self.checkpoint_score_attribute
-                                .as_deref()
-                                .unwrap_or_default()
-                        )));
-                    }
-                    (Some(o), _) | (None, Some(o)) => o,
-                    (None, None) => ScoreOrder::Max,
-                };
-                Some((attr.to_owned(), order))
-            }
-        };
-        Ok(Retention {
-            num_to_keep: self.num_to_keep,
-            score,
-            keep_every: self.keep_every,
-        })
-    }
-}
-
-impl std::str::FromStr for ScoreOrder {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "max" => Ok(ScoreOrder::Max),
-            "min" => Ok(ScoreOrder::Min),
-            other => Err(format!("score order must be max or min, not {other:?}")),
-        }
-    }
-}
-
-/// How many failures a run survives (Ray's `FailureConfig`).
-///
-/// ```
-/// // Restart every rank from the latest checkpoint up to 3 times.
-/// let failures = trainhost::FailureConfig { max_failures: 3 };
-/// # let _ = failures;
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FailureConfig {
-    /// 0 (default): the first failure fails the run. N: restart all ranks
-    /// from the latest committed checkpoint up to N times over the run's
-    /// life (resumed runs included). -1: restart without limit.
-    pub max_failures: i64,
-}
-
-/// Where and under which name the run is recorded (Ray's `RunConfig`).
-///
-/// ```
-/// use std::time::Duration;
-/// use trainhost::{FailureConfig, RunConfig};
-/// let run = RunConfig {
-///     name: Some("mnist".into()),
-///     storage_path: "s3://team-bucket/runs".into(),
-///     failure_config: FailureConfig { max_failures: -1 },
-///     preemption_grace: Duration::from_secs(120),
-///     ..RunConfig::default()
-/// };
-/// # let _ = run;
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunConfig {
-    /// The run's name, its directory under `storage_path`. Default:
-    /// the guest's file name and the start time, `mnist_2026-11-21_10-14-00`.
-    /// Running again with an existing name continues that run.
-    pub name: Option<String>,
-    /// Where runs are stored: a directory (default
-    /// [`DEFAULT_STORAGE`]), `file://`, `memory://`, or an object store URL.
-    pub storage_path: String,
-    /// Which checkpoints to keep.
-    pub checkpoint_config: CheckpointConfig,
-    /// How many failures to survive.
-    pub failure_config: FailureConfig,
-    /// How long a rank waits in `report` for the other ranks' matching call
-    /// before the run fails naming the missing ranks. Default 30 minutes.
-    pub report_timeout: Duration,
-    /// After preemption is requested, how long the ranks have to report a
-    /// final checkpoint and return before they are stopped. Default 30 s.
-    pub preemption_grace: Duration,
-    /// If a run of this name exists: `false` (default) continues it,
-    /// `true` deletes it and starts over. A name whose directory holds
-    /// checkpoints or a history but no run state (a start-fresh that was
-    /// interrupted) is refused unless `true`, which deletes them.
-    pub fresh: bool,
-    /// Endpoint, credentials, retries and timeouts for object stores
-    /// (also used to read `resume_from`).
-    pub storage_options: StorageOptions,
-    /// Mirror the run directory (local storage only) to a target with an
-    /// external command, and restore from it when the local copy is
-    /// missing.
-    pub sync: Option<SyncConfig>,
-    /// What each rank may use.
-    pub limits: ResourceLimits,
-    /// `true` (default): `report` returns once a checkpoint's files are
-    /// copied to a local snapshot (on local storage: to their place in
-    /// storage, which costs the same), and the upload and commit go on in
-    /// the background while the ranks train; a storage failure fails the
-    /// run at the next report or at the end. `false`: `report` returns once
-    /// the checkpoint is committed in storage.
-    pub persist_in_background: bool,
-    /// How ranks are stopped: anywhere (default), or only when they call
-    /// the host, which lets guest code run at native speed. See
-    /// [`Interruption`].
-    pub interruption: Interruption,
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        Self {
-            name: None,
-            storage_path: DEFAULT_STORAGE.into(),
-            checkpoint_config: CheckpointConfig::default(),
-            failure_config: FailureConfig::default(),
-            report_timeout: DEFAULT_REPORT_TIMEOUT,
-            preemption_grace: DEFAULT_PREEMPTION_GRACE,
-            fresh: false,
-            storage_options: StorageOptions::default(),
-            sync: None,
-            limits: ResourceLimits::default(),
-            persist_in_background: true,
-            interruption: Interruption::default(),
         }
     }
 }
@@ -398,62 +172,10 @@ impl TrainerBuilder {
 
     /// Check the settings and make the trainer.
     pub fn build(self) -> Result<Trainer, Error> {
-        if self.scaling.num_workers == 0 {
-            return Err(Error::InvalidConfig(
-                "num_workers is 0; a run needs at least one rank".into(),
-            ));
-        }
-        if let Some(name) = &self.run.name {
-            check_run_name(name)?;
-        }
-        if self.run.storage_path.is_empty() {
-            return Err(Error::InvalidConfig(
-                "storage_path is empty; give a directory or URL".into(),
-            ));
-        }
-        if self.run.report_timeout.is_zero() {
-            return Err(Error::InvalidConfig(
-                "report_timeout is zero; ranks need time to meet in report".into(),
-            ));
-        }
-        if self.run.failure_config.max_failures < -1 {
-            return Err(Error::InvalidConfig(format!(
-                "max_failures is {}; use 0 to fail at once, N to survive N failures, or -1 for no limit",
-                self.run.failure_config.max_failures
-            )));
-        }
-        let retention = self.run.checkpoint_config.retention()?;
-        if self.run.interruption == Interruption::AtHostCalls {
-            let limits = &self.run.limits;
-            let needs_stop = [
-                ("stall_timeout", limits.stall_timeout.is_some()),
-                ("attempt_timeout", limits.attempt_timeout.is_some()),
-            ];
-            if let Some((name, _)) = needs_stop.iter().find(|(_, set)| *set) {
-                return Err(Error::InvalidConfig(format!(
-                    "{name} needs interruption Anywhere: with AtHostCalls a rank computing past the limit cannot be stopped; drop the limit or interrupt anywhere"
-                )));
-            }
-        }
-        if let Some(sync) = &self.run.sync {
-            sync.validate()?;
-            if is_object_store(&self.run.storage_path)
-                || self.run.storage_path.starts_with("memory://")
-            {
-                return Err(Error::InvalidConfig(format!(
-                    "a sync command mirrors a local run directory; storage {} is not local (sync to it directly, or use a local directory)",
-                    self.run.storage_path
-                )));
-            }
-        }
-        if !self.run.storage_options.options.is_empty() && !is_object_store(&self.run.storage_path)
-        {
-            return Err(Error::InvalidConfig(format!(
-                "storage options apply to object stores (s3://, gs://, az://), not to {}",
-                self.run.storage_path
-            )));
-        }
+        self.scaling.check()?;
+        let Checked { storage, retention } = self.run.check()?;
         Ok(Trainer {
+            storage,
             retention,
             guest: self.guest,
             config: self.config,
@@ -467,26 +189,11 @@ impl TrainerBuilder {
     }
 }
 
-fn check_run_name(name: &str) -> Result<(), Error> {
-    let bad = name.is_empty()
-        || name == "."
-        || name == ".."
-        || name.starts_with('.')
-        || name
-            .chars()
-            .any(|c| c == '/' || c == '\\' || c.is_control());
-    if bad {
-        return Err(Error::InvalidConfig(format!(
-            "run name {name:?} cannot be a directory name; use letters, digits, '-', '_' and '.' (not first)"
-        )));
-    }
-    Ok(())
-}
-
 /// Runs a guest component as `num_workers` sandboxed ranks and persists
 /// what they report. Make one with [`Trainer::builder`].
 #[derive(Debug, Clone)]
 pub struct Trainer {
+    storage: Location,
     retention: Retention,
     guest: GuestSource,
     config: serde_json::Value,
@@ -559,7 +266,7 @@ impl Trainer {
             .clone()
             .unwrap_or_else(|| default_run_name(&self.guest));
         let world_size = self.scaling.num_workers;
-        let storage = Storage::open(&self.run.storage_path, &self.run.storage_options)?;
+        let storage = Storage::open(&self.storage, &self.run.storage_options)?;
         rt.block_on(storage.probe())?;
         let local_run_dir = storage.local_path().map(|p| p.join(&run_name));
         if let (Some(sync), Some(dir)) = (&self.run.sync, &local_run_dir) {
@@ -652,14 +359,13 @@ impl Trainer {
                     break preempted;
                 }
             };
-            if preempted || (max_failures != -1 && total as i64 > max_failures) {
+            if preempted || !max_failures.allows(total) {
                 error = Some(failure);
                 break preempted;
             }
-            let budget = if max_failures == -1 {
-                "no limit".to_owned()
-            } else {
-                format!("{total} of {max_failures} allowed")
+            let budget = match max_failures {
+                MaxFailures::Unlimited => "no limit".to_owned(),
+                MaxFailures::Limited(n) => format!("{total} of {n} allowed"),
             };
             tracing::warn!(
                 "failure {total} ({budget}): {failure}; restarting every rank from the latest committed checkpoint"
@@ -907,20 +613,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn run_names_must_be_plain_directory_names() {
-        for bad in ["", ".", "..", ".hidden", "a/b", "a\\b", "a\nb"] {
-            assert!(check_run_name(bad).is_err(), "{bad:?}");
-        }
-        for good in ["demo", "mnist_2026-11-21_10-14-00", "a.b=c"] {
-            assert!(check_run_name(good).is_ok(), "{good:?}");
-        }
-    }
-
-    #[test]
     fn default_names_carry_the_guest_and_a_sortable_time() {
         let name = default_run_name(&GuestSource::from("dir/linear_regression.wasm"));
         assert!(name.starts_with("linear_regression_20"), "{name}");
         assert!(!name.contains(':'), "{name}");
-        check_run_name(&name).unwrap();
+        crate::config::check_run_name(&name).unwrap();
     }
 }

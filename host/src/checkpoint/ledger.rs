@@ -24,8 +24,8 @@ use super::manifest::FileEntry;
 use super::manifest::{self, Manifest};
 use super::persist::{PersistStats, Plan, Previous, persist};
 use super::restore::Checkpoint;
-use super::retention::Retention;
-use crate::result::RunFailure;
+use crate::config::Retention;
+use crate::failure::RunFailure;
 use crate::storage::Storage;
 use crate::{Error, Metrics};
 

@@ -21,6 +21,4 @@ pub(crate) use persist::{merge, persist};
 pub(crate) use recorder::ReportRefused;
 pub use restore::{Checkpoint, CheckpointDir, committed_checkpoints, committed_checkpoints_with};
 pub(crate) use restore::{RestoreCache, check_relative_path};
-pub(crate) use retention::Retention;
-pub use retention::ScoreOrder;
 pub(crate) use session::Session;

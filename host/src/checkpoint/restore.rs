@@ -12,7 +12,8 @@ use cap_std::fs::Dir;
 use futures::{StreamExt, TryStreamExt};
 
 use super::manifest::{self, Manifest};
-use crate::storage::{Storage, StorageOptions};
+use crate::config::{Location, StorageOptions};
+use crate::storage::Storage;
 use crate::{Error, Metrics};
 
 /// How many files are downloaded or verified at once.
@@ -53,7 +54,7 @@ impl Checkpoint {
 
     /// [`Checkpoint::open_with`] for async callers.
     pub async fn open_async(location: &str, options: &StorageOptions) -> Result<Self, Error> {
-        Self::load(Storage::open(location.trim_end_matches('/'), options)?).await
+        Self::load(Storage::open(&Location::parse(location)?, options)?).await
     }
 
     pub(crate) async fn load(storage: Storage) -> Result<Self, Error> {
@@ -420,7 +421,7 @@ pub fn committed_checkpoints_with(
     options: &StorageOptions,
 ) -> Result<Vec<Checkpoint>, Error> {
     block_on(async {
-        let storage = Storage::open(run_location.trim_end_matches('/'), options)?;
+        let storage = Storage::open(&Location::parse(run_location)?, options)?;
         let Some(state) = storage.get(manifest::RUN_STATE).await? else {
             return Err(Error::InvalidConfig(format!(
                 "{} holds no trainhost run (no {}); give the run's directory, <storage>/<run name>",

@@ -8,66 +8,16 @@
 use std::cmp::Ordering;
 
 use super::ledger::CheckpointRecord;
-use crate::Metrics;
-use crate::metrics::MetricValue;
-
-/// Whether a higher or a lower score is better.
-///
-/// ```
-/// use trainhost::ScoreOrder;
-/// assert_eq!("min".parse::<ScoreOrder>(), Ok(ScoreOrder::Min));
-/// assert_eq!(ScoreOrder::default(), ScoreOrder::Max);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScoreOrder {
-    /// Higher is better (accuracy). Ray's default.
-    #[default]
-    Max,
-    /// Lower is better (loss).
-    Min,
-}
-
-/// The retention policy, validated. Stored in the run state so that
-/// listings rank checkpoints as the run did.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Retention {
-    pub num_to_keep: Option<usize>,
-    pub score: Option<(String, ScoreOrder)>,
-    pub keep_every: Option<u64>,
-}
+use crate::config::{Retention, ScoreOrder};
 
 impl Retention {
-    /// A report's metrics must give the score attribute as a number, if
-    /// they give it at all (R17).
-    pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), String> {
-        let Some((attr, _)) = &self.score else {
-            return Ok(());
-        };
-        match metrics.get(attr) {
-            None | Some(MetricValue::Integer(_) | MetricValue::Float(_)) => Ok(()),
-            Some(other) => Err(format!(
-                "the score attribute {attr:?} must be a number, got {other}; report it as an integer or float, or choose another score attribute"
-            )),
-        }
-    }
-
-    /// The score of a checkpoint: `None` when missing or NaN.
-    fn score(&self, metrics: &Metrics) -> Option<f64> {
-        let (attr, _) = self.score.as_ref()?;
-        metrics
-            .get(attr)
-            .and_then(MetricValue::as_f64)
-            .filter(|v| !v.is_nan())
-    }
-
     /// `a` compared to `b`: `Less` when `a` ranks better.
     fn compare(&self, a: &CheckpointRecord, b: &CheckpointRecord) -> Ordering {
         let newer_first = b.index.cmp(&a.index);
         let Some((_, order)) = &self.score else {
             return newer_first;
         };
-        match (self.score(&a.metrics), self.score(&b.metrics)) {
+        match (self.score_of(&a.metrics), self.score_of(&b.metrics)) {
             (Some(x), Some(y)) => {
                 let better = match order {
                     ScoreOrder::Max => y.total_cmp(&x),
@@ -114,7 +64,7 @@ impl Retention {
     /// Log a warning for a checkpoint whose score is missing or NaN.
     pub fn warn_unscored(&self, record: &CheckpointRecord) {
         if let Some((attr, _)) = &self.score
-            && self.score(&record.metrics).is_none()
+            && self.score_of(&record.metrics).is_none()
         {
             tracing::warn!(
                 checkpoint = record.index,
@@ -127,6 +77,7 @@ impl Retention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::MetricValue;
 
     fn rec(index: u64, metrics: &[(&str, MetricValue)]) -> CheckpointRecord {
         CheckpointRecord {
@@ -221,24 +172,6 @@ mod tests {
         let (kept, dropped) = p.apply(&records);
         assert_eq!(indexes(&kept), [0, 2, 3, 4, 5]);
         assert_eq!(indexes(&dropped), [1]);
-    }
-
-    #[test]
-    fn integer_scores_count_and_non_numeric_ones_are_refused() {
-        let p = policy(1, Some(ScoreOrder::Max));
-        assert!(
-            p.check_metrics(&[("loss", MetricValue::Integer(3))].into_iter().collect())
-                .is_ok()
-        );
-        assert!(p.check_metrics(&Metrics::new()).is_ok());
-        let err = p
-            .check_metrics(
-                &[("loss", MetricValue::Text("low".into()))]
-                    .into_iter()
-                    .collect(),
-            )
-            .unwrap_err();
-        assert!(err.contains("\"loss\" must be a number"), "{err}");
     }
 
     #[test]

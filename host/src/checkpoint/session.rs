@@ -15,8 +15,8 @@ use super::ledger::Ledger;
 use super::recorder::{Recorder, ReportRefused};
 use super::restore::{Checkpoint, RestoreCache, RestoreFailed};
 use crate::Metrics;
+use crate::failure::{FailureKind, RunFailure};
 use crate::preemption::Preemption;
-use crate::result::{FailureKind, RunFailure};
 
 /// What a rank brings to a report.
 pub(crate) struct Arrival {
@@ -162,7 +162,10 @@ impl Session {
     /// Refuse metrics that cannot be recorded: a score attribute that is not
     /// a number (R17).
     pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), String> {
-        self.ledger.retention().check_metrics(metrics)
+        self.ledger
+            .retention()
+            .check_metrics(metrics)
+            .map_err(|e| e.to_string())
     }
 
     /// Whether a rank that has made `reports` reports in this attempt sees

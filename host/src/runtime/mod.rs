@@ -20,9 +20,9 @@ pub(crate) use rank::{RankDirs, RankInfo, RankShared, run_rank};
 pub(crate) use sandbox::RESTORE_GUEST_PATH;
 
 use crate::Error;
+use crate::config::Interruption;
 use bindings::{Trainer, TrainerPre};
 pub(crate) use cache::{CacheOutcome, CompileCache};
-use limits::Interruption;
 use rank::RankState;
 
 /// How often running guests check whether the run is stopping.

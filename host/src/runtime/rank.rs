@@ -9,12 +9,13 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::GuestComponent;
 use super::bindings::trainhost::train::{context, session};
-use super::limits::{self, LimitHit, MemoryLimiter, OutputBudget, ResourceLimits};
+use super::limits::{self, LimitHit, MemoryLimiter, OutputBudget};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
 use crate::checkpoint::{self, Aborted, ReportRefused, Session};
+use crate::config::ResourceLimits;
+use crate::failure::{FailureKind, RunFailure};
 use crate::metrics::{MetricValue, Metrics};
-use crate::result::{FailureKind, RunFailure};
 use std::sync::Mutex;
 
 /// Where a rank sits in the run.

@@ -14,7 +14,6 @@
 //! `instance_metadata=true`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
@@ -23,93 +22,41 @@ use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreScheme, RetryConfig};
 
 use crate::Error;
+use crate::config::StorageOptions;
 
 /// The trainhost option that allows credentials from the instance metadata
 /// service.
 const INSTANCE_METADATA: &str = "instance_metadata";
 
-/// How to reach a storage location beyond its URL.
-///
-/// ```
-/// use std::time::Duration;
-/// use trainhost::StorageOptions;
-///
-/// // An S3-compatible server with static keys:
-/// let options = StorageOptions {
-///     options: vec![
-///         ("aws_endpoint".into(), "http://127.0.0.1:9000".into()),
-///         ("aws_allow_http".into(), "true".into()),
-///         ("aws_region".into(), "us-east-1".into()),
-///     ],
-///     retry_timeout: Duration::from_secs(60),
-///     ..StorageOptions::default()
-/// };
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageOptions {
-    /// `key=value` settings for the object store, on top of the
-    /// environment: object_store's config keys for the URL's scheme
-    /// (`aws_endpoint`, `aws_region`, `google_service_account`,
-    /// `azure_storage_account_name`, ... and client keys such as
-    /// `allow_http`), plus trainhost's `instance_metadata=true`.
-    pub options: Vec<(String, String)>,
-    /// How many times a failed request is retried. Default 10.
-    pub max_retries: usize,
-    /// How long a request keeps being retried in all. Default 3 minutes.
-    pub retry_timeout: Duration,
-    /// How long one request may take. Default 30 seconds.
-    pub request_timeout: Duration,
-    /// How long connecting may take. Default 5 seconds.
-    pub connect_timeout: Duration,
-    /// Draw progress bars for checkpoint uploads and restores on stderr
-    /// when it is a terminal. Default off (the CLI turns it on).
-    pub progress: bool,
-}
-
-impl Default for StorageOptions {
-    fn default() -> Self {
-        Self {
-            options: Vec::new(),
-            max_retries: 10,
-            retry_timeout: Duration::from_secs(180),
-            request_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_secs(5),
-            progress: false,
-        }
+fn retry(options: &StorageOptions) -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: options.max_retries,
+        retry_timeout: options.retry_timeout,
     }
 }
 
-impl StorageOptions {
-    fn retry(&self) -> RetryConfig {
-        RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: self.max_retries,
-            retry_timeout: self.retry_timeout,
+fn client(options: &StorageOptions) -> ClientOptions {
+    ClientOptions::new()
+        .with_timeout(options.request_timeout)
+        .with_connect_timeout(options.connect_timeout)
+}
+
+/// The user's options without trainhost's own, and whether instance
+/// metadata credentials are allowed.
+fn split(options: &StorageOptions) -> Result<(Vec<(String, String)>, bool), Error> {
+    let mut metadata = false;
+    let mut rest = Vec::new();
+    for (k, v) in &options.options {
+        if k == INSTANCE_METADATA {
+            metadata = v.parse().map_err(|_| {
+                Error::InvalidConfig(format!("storage option {k}={v}: give true or false"))
+            })?;
+        } else {
+            rest.push((k.clone(), v.clone()));
         }
     }
-
-    fn client(&self) -> ClientOptions {
-        ClientOptions::new()
-            .with_timeout(self.request_timeout)
-            .with_connect_timeout(self.connect_timeout)
-    }
-
-    /// The user's options without trainhost's own, and whether instance
-    /// metadata credentials are allowed.
-    fn split(&self) -> Result<(Vec<(String, String)>, bool), Error> {
-        let mut metadata = false;
-        let mut rest = Vec::new();
-        for (k, v) in &self.options {
-            if k == INSTANCE_METADATA {
-                metadata = v.parse().map_err(|_| {
-                    Error::InvalidConfig(format!("storage option {k}={v}: give true or false"))
-                })?;
-            } else {
-                rest.push((k.clone(), v.clone()));
-            }
-        }
-        Ok((rest, metadata))
-    }
+    Ok((rest, metadata))
 }
 
 /// Whether any of `names` is set, as an option (case-insensitive key) or
@@ -160,13 +107,13 @@ pub(super) fn cloud(
             "storage URL {location:?} is not supported: {e}; use a local directory, file://, memory://, s3://, gs:// or az://"
         ))
     })?;
-    let (pairs, metadata) = options.split()?;
+    let (pairs, metadata) = split(options)?;
     let store: Arc<dyn ObjectStore> = match scheme {
         ObjectStoreScheme::AmazonS3 => {
             let mut b = AmazonS3Builder::from_env()
                 .with_url(url.as_str())
-                .with_retry(options.retry())
-                .with_client_options(options.client());
+                .with_retry(retry(options))
+                .with_client_options(client(options));
             for (k, v) in &pairs {
                 let key: AmazonS3ConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
                 b = b.with_config(key, v);
@@ -192,8 +139,8 @@ pub(super) fn cloud(
         ObjectStoreScheme::GoogleCloudStorage => {
             let mut b = GoogleCloudStorageBuilder::from_env()
                 .with_url(url.as_str())
-                .with_retry(options.retry())
-                .with_client_options(options.client());
+                .with_retry(retry(options))
+                .with_client_options(client(options));
             for (k, v) in &pairs {
                 let key: GoogleConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
                 b = b.with_config(key, v);
@@ -232,8 +179,8 @@ pub(super) fn cloud(
         ObjectStoreScheme::MicrosoftAzure => {
             let mut b = MicrosoftAzureBuilder::from_env()
                 .with_url(url.as_str())
-                .with_retry(options.retry())
-                .with_client_options(options.client());
+                .with_retry(retry(options))
+                .with_client_options(client(options));
             for (k, v) in &pairs {
                 let key: AzureConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
                 b = b.with_config(key, v);

@@ -19,9 +19,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-pub use backends::StorageOptions;
-
 use crate::Error;
+use crate::config::{Location, StorageOptions};
 
 mod backends;
 mod local;
@@ -51,56 +50,31 @@ pub struct Storage {
 }
 
 impl Storage {
-    /// Open a storage location.
-    ///
-    /// Accepts a plain directory path (created if missing), a `file://` URL,
-    /// `memory://` (a fresh in-memory store, for tests), or an `s3://`,
-    /// `gs://` or `az://` (`abfs://`, `abfss://`, `azure://`) URL,
-    /// configured from the environment and `options` (which local and
-    /// memory locations ignore).
-    pub fn open(location: &str, options: &StorageOptions) -> Result<Self, Error> {
-        if location.is_empty() {
-            return Err(Error::InvalidConfig(
-                "storage location is empty; give a directory or a URL such as file:///data/runs"
-                    .into(),
-            ));
-        }
-        let is_cloud = is_object_store(location);
-        if location == "memory://" || location.starts_with("memory:///") {
-            let prefix = location.trim_start_matches("memory://").trim_matches('/');
-            return Ok(Self {
+    /// Open a storage location: a local directory (created if missing),
+    /// `memory://` (a fresh in-memory store), or an object store configured
+    /// from the environment and `options` (which local and memory locations
+    /// ignore).
+    pub fn open(location: &Location, options: &StorageOptions) -> Result<Self, Error> {
+        match location {
+            Location::Local(dir) => Self::local(dir, options.progress),
+            Location::Memory(prefix) => Ok(Self {
                 store: Arc::new(InMemory::new()),
                 local: None,
-                root: ObjectPath::from(prefix),
-                url: format!("memory:///{prefix}"),
+                root: ObjectPath::from(prefix.as_str()),
+                url: location.to_string(),
                 progress: false,
-            });
+            }),
+            Location::ObjectStore(url) => {
+                let (store, root) = backends::cloud(url.as_str(), url, options)?;
+                Ok(Self {
+                    store,
+                    local: None,
+                    root,
+                    url: url.as_str().to_owned(),
+                    progress: options.progress,
+                })
+            }
         }
-        if let Some(rest) = location.strip_prefix("file://") {
-            let url = url::Url::parse(location).map_err(|e| {
-                Error::InvalidConfig(format!("storage URL {location:?} is not a valid URL: {e}"))
-            })?;
-            let path = url.to_file_path().map_err(|()| {
-                Error::InvalidConfig(format!(
-                    "storage URL {location:?} is not an absolute local path (write file:///abs/path, got file://{rest})"
-                ))
-            })?;
-            return Self::local(&path, options.progress);
-        }
-        if is_cloud {
-            let url = url::Url::parse(location).map_err(|e| {
-                Error::InvalidConfig(format!("storage URL {location:?} is not a valid URL: {e}"))
-            })?;
-            let (store, root) = backends::cloud(location, &url, options)?;
-            return Ok(Self {
-                store,
-                local: None,
-                root,
-                url: location.trim_end_matches('/').to_owned(),
-                progress: options.progress,
-            });
-        }
-        Self::local(Path::new(location), options.progress)
     }
 
     /// Check that the location answers and can be written, so that missing
@@ -445,14 +419,6 @@ impl Storage {
             .map(|r| r.into_stream())
             .map_err(|e| self.error(format!("read {relative}"), e))
     }
-}
-
-/// Whether `location` names an object store (not a local directory,
-/// `file://` or `memory://`).
-pub fn is_object_store(location: &str) -> bool {
-    location.contains("://")
-        && !location.starts_with("file://")
-        && !location.starts_with("memory://")
 }
 
 /// A file's SHA-256 as it is uploaded: computed from its bytes, or known

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use trainhost::{
-    CheckpointConfig, FailureConfig, FailureKind, RunConfig, ScalingConfig, ScoreOrder,
-    StorageOptions, Trainer,
+    CheckpointConfig, FailureConfig, FailureKind, MaxFailures, RunConfig, ScalingConfig,
+    ScoreOrder, StorageOptions, Trainer,
 };
 
 use crate::servers::{self, Backend, Proxy};
@@ -203,7 +203,9 @@ fn example_crash_and_restore(backend: &Backend) {
             name: Some("example".into()),
             storage_path: backend.url.clone(),
             storage_options: backend.options.clone(),
-            failure_config: FailureConfig { max_failures: 1 },
+            failure_config: FailureConfig {
+                max_failures: MaxFailures::Limited(1),
+            },
             ..Default::default()
         })
         .output(lines.clone())

@@ -5,14 +5,15 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use trainhost::{
-    FailureConfig, FailureKind, Interruption, MetricValue, RunConfig, ScalingConfig, Trainer,
+    FailureConfig, FailureKind, Interruption, MaxFailures, MetricValue, RunConfig, ScalingConfig,
+    Trainer,
 };
 
 use crate::util::*;
 
 /// Each attempt commits a checkpoint holding the next attempt's number,
 /// then panics while its attempt is in `crash_on`.
-fn crashing(workers: u32, crash_on: &[u64], max_failures: i64) -> Run {
+fn crashing(workers: u32, crash_on: &[u64], max_failures: MaxFailures) -> Run {
     let steps = json!([
         {"print_checkpoint": true},
         {"write": "ckpt/attempt", "text": "{next_attempt}", "ranks": [0]},
@@ -33,7 +34,7 @@ fn crashing(workers: u32, crash_on: &[u64], max_failures: i64) -> Run {
 
 #[test]
 fn max_failures_zero_fails_at_the_first_failure() {
-    let run = crashing(1, &[0], 0);
+    let run = crashing(1, &[0], MaxFailures::Limited(0));
     let e = run.result.error.clone().expect("fails");
     assert_eq!(e.kind, FailureKind::Trap);
     assert!(e.message.contains("crash in attempt 0"), "{e}");
@@ -50,7 +51,7 @@ fn max_failures_zero_fails_at_the_first_failure() {
 
 #[test]
 fn max_failures_one_survives_one_crash_and_fails_on_the_second() {
-    let survived = crashing(1, &[0], 1);
+    let survived = crashing(1, &[0], MaxFailures::Limited(1));
     survived.assert_ok();
     assert_eq!(survived.result.failures, 1);
     assert_eq!(survived.result.failure_history.len(), 1);
@@ -60,7 +61,7 @@ fn max_failures_one_survives_one_crash_and_fails_on_the_second() {
             .contains("crash in attempt 0")
     );
 
-    let failed = crashing(1, &[0, 1], 1);
+    let failed = crashing(1, &[0, 1], MaxFailures::Limited(1));
     let e = failed
         .result
         .error
@@ -72,7 +73,7 @@ fn max_failures_one_survives_one_crash_and_fails_on_the_second() {
 
 #[test]
 fn unlimited_failures_survive_three_crashes() {
-    let run = crashing(1, &[0, 1, 2], -1);
+    let run = crashing(1, &[0, 1, 2], MaxFailures::Unlimited);
     run.assert_ok();
     assert_eq!(run.result.failures, 3);
     assert_eq!(
@@ -83,7 +84,7 @@ fn unlimited_failures_survive_three_crashes() {
 
 #[test]
 fn one_rank_trapping_restarts_every_rank_from_the_same_checkpoint() {
-    let run = crashing(2, &[0], 1);
+    let run = crashing(2, &[0], MaxFailures::Limited(1));
     run.assert_ok();
     for rank in 0..2 {
         let seen: Vec<String> = run
@@ -120,7 +121,9 @@ fn computations_finished_by_a_peer_of_a_dying_rank(interruption: Interruption) -
     let builder = builder.run_config(RunConfig {
         name: Some("t".into()),
         storage_path: storage.path().display().to_string(),
-        failure_config: FailureConfig { max_failures: 1 },
+        failure_config: FailureConfig {
+            max_failures: MaxFailures::Limited(1),
+        },
         interruption,
         ..Default::default()
     });
@@ -163,7 +166,9 @@ fn the_checkpoint_reported_just_before_the_crash_is_restored() {
     let builder = builder.run_config(RunConfig {
         name: Some("t".into()),
         storage_path: storage.path().display().to_string(),
-        failure_config: FailureConfig { max_failures: 1 },
+        failure_config: FailureConfig {
+            max_failures: MaxFailures::Limited(1),
+        },
         ..Default::default()
     });
     let run = finish(builder, storage, lines);
@@ -186,7 +191,9 @@ fn the_example_crashes_once_at_epoch_one_and_finishes_from_the_epoch_zero_checkp
         .run_config(RunConfig {
             name: Some("ray-scenario".into()),
             storage_path: storage.path().display().to_string(),
-            failure_config: FailureConfig { max_failures: 1 },
+            failure_config: FailureConfig {
+                max_failures: MaxFailures::Limited(1),
+            },
             ..Default::default()
         })
         .output(lines.clone())

@@ -4,17 +4,19 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use trainhost::{FailureConfig, FailureKind, ResourceLimits, RunConfig};
+use trainhost::{FailureConfig, FailureKind, MaxFailures, ResourceLimits, RunConfig};
 
 use crate::util::*;
 
-fn limited(workers: u32, steps: Value, limits: ResourceLimits, max_failures: i64) -> Run {
+fn limited(workers: u32, steps: Value, limits: ResourceLimits, max_failures: u32) -> Run {
     let (builder, storage, lines) = scripted(workers, steps);
     let builder = builder.run_config(RunConfig {
         name: Some("t".into()),
         storage_path: storage.path().display().to_string(),
         limits,
-        failure_config: FailureConfig { max_failures },
+        failure_config: FailureConfig {
+            max_failures: MaxFailures::Limited(max_failures),
+        },
         ..Default::default()
     });
     finish(builder, storage, lines)

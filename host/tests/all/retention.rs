@@ -203,7 +203,7 @@ fn keep_every_keeps_every_nth_whatever_its_score() {
 #[test]
 fn bad_retention_settings_are_refused_before_anything_runs() {
     let cases = [
-        (keep(0, None, None), "num_to_keep is 0"),
+        (keep(0, None, None), "num_to_keep must be at least 1, got 0"),
         (
             CheckpointConfig {
                 keep_every: Some(0),

@@ -15,8 +15,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::{Value, json};
 use trainhost::{
-    CheckpointConfig, FailureConfig, Interruption, MetricValue, OutputSink, ResourceLimits,
-    RunConfig, ScalingConfig, StorageOptions, Stream, TrainResult, Trainer,
+    CheckpointConfig, FailureConfig, Interruption, MaxFailures, MetricValue, OutputSink,
+    ResourceLimits, RunConfig, ScalingConfig, StorageOptions, Stream, TrainResult, Trainer,
 };
 use trainhost_test_artifacts::{BENCH_GUEST, LINEAR_REGRESSION};
 
@@ -518,7 +518,9 @@ fn restart(reps: usize, cache: &Path) -> Result<Vec<Row>> {
         let result = Trainer::builder(BENCH_GUEST)
             .train_loop_config(json!({"mode": "restart", "bytes": 4 << 20}))
             .run_config(RunConfig {
-                failure_config: FailureConfig { max_failures: 1 },
+                failure_config: FailureConfig {
+                    max_failures: MaxFailures::Limited(1),
+                },
                 ..local_run(storage.path())
             })
             .compile_cache(cache)
