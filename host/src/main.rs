@@ -519,10 +519,17 @@ fn forward_signals(preemption: Preemption) -> anyhow::Result<()> {
 }
 
 fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
-    let location = if args.run.contains('/') || args.run.contains("://") {
+    // A run name is a plain directory name: anything with a separator is
+    // the run's own location.
+    let location = if args.run.contains('/') {
         args.run.clone()
     } else {
-        format!("{}/{}", args.storage.trim_end_matches('/'), args.run)
+        RunConfig {
+            name: Some(args.run.clone()),
+            storage_path: args.storage.clone(),
+            ..RunConfig::default()
+        }
+        .run_location()?
     };
     let list =
         trainhost::committed_checkpoints_with(&location, &args.storage_flags.options(false))?;
