@@ -101,7 +101,11 @@ impl Location {
             })?;
             return Ok(Self::Local(path));
         }
-        Ok(Self::ObjectStore(parse(text.trim_end_matches('/'))?))
+        let mut url = parse(text)?;
+        // `s3://bucket/runs/` and `s3://bucket/runs` are one location.
+        let path = url.path().trim_end_matches('/').to_owned();
+        url.set_path(&path);
+        Ok(Self::ObjectStore(url))
     }
 
     /// The location `name` below this one (a run below its storage).
@@ -169,6 +173,11 @@ mod tests {
         let memory = Location::parse("memory://").unwrap();
         assert!(!memory.is_object_store() && memory.local_dir().is_none());
         assert_eq!(memory.child("demo").to_string(), "memory:///demo");
+        assert_eq!(
+            Location::parse("s3://").unwrap().child("x").to_string(),
+            "s3:///x",
+            "no bucket stays no bucket, for the store to refuse"
+        );
         assert!(Location::parse("").is_err());
         assert!(Location::parse("s3://bad host/x").is_err());
     }
