@@ -4,10 +4,11 @@
 
 use std::path::Path;
 
-use crate::checkpoint::{capture, merge, persist};
 use crate::config::{Location, StorageOptions};
+use crate::error::Error;
+use crate::persist::{capture, merge, persist};
+use crate::runtime::CompileCache;
 use crate::storage::Storage;
-use crate::{Error, runtime::CompileCache};
 
 /// Persist the files below `dir` to `<storage>/<name>` as a checkpoint's
 /// files are persisted (streamed, hashed, eight at a time), without a
@@ -50,7 +51,7 @@ pub fn compile(guest: &[u8], cache: Option<&Path>) -> Result<bool, Error> {
     let (_, outcome) = crate::runtime::GuestComponent::compile(
         guest,
         "<bench>",
-        crate::Interruption::default(),
+        crate::config::Interruption::default(),
         cache.as_ref(),
     )?;
     Ok(outcome == Some(crate::runtime::CacheOutcome::Hit))

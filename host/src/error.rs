@@ -105,7 +105,7 @@ pub enum Error {
 }
 
 /// `e` and its sources, `: `-separated, for messages that cross into a
-/// guest or a [`crate::RunFailure`], where the source chain would be lost.
+/// guest or a [`crate::failure::RunFailure`], where the source chain would be lost.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();

@@ -6,8 +6,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::checkpoint::manifest::Manifest;
 use crate::metrics::{MetricValue, Metrics};
+use crate::record::Manifest;
 use crate::runtime::sandbox::{SCRATCH_GUEST_PATH, Sandbox};
 
 /// A manifest from storage: parsing never panics; one that parses has only
@@ -22,14 +22,14 @@ pub fn manifest(data: &[u8]) {
     assert_eq!(again.files, m.files);
     for f in &m.files {
         // Either safe, or refused by the check every reader applies.
-        let _ = crate::checkpoint::check_relative_path(&f.path);
+        let _ = crate::record::manifest::check_relative_path(&f.path);
     }
 }
 
 /// The run state and the metrics history from storage: never panic.
 pub fn run_state(data: &[u8]) {
-    crate::checkpoint::parse_run_state(data);
-    let _ = crate::checkpoint::parse_history(data);
+    crate::record::parse_run_state(data);
+    let _ = crate::record::parse_history(data);
 }
 
 /// Metrics as a guest sends them (`name\0value\0...`, value by first byte:

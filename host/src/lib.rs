@@ -38,6 +38,7 @@
 //! `SEMANTICS` rules cited throughout as R1..R26.
 #![deny(missing_docs)]
 
+mod attempt;
 #[doc(hidden)]
 pub mod bench;
 mod checkpoint;
@@ -46,8 +47,11 @@ mod error;
 mod failure;
 #[doc(hidden)]
 pub mod fuzzing;
+mod ledger;
 mod metrics;
+mod persist;
 mod preemption;
+mod record;
 mod result;
 mod runtime;
 mod storage;
@@ -55,8 +59,7 @@ mod sync;
 mod trainer;
 
 pub use checkpoint::{
-    Checkpoint, CheckpointDir, CheckpointRecord, FileEntry, Manifest, ReportRecord,
-    committed_checkpoints, committed_checkpoints_with,
+    Checkpoint, CheckpointDir, committed_checkpoints, committed_checkpoints_with,
 };
 pub use config::{
     CheckpointConfig, DEFAULT_PREEMPTION_GRACE, DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE,
@@ -67,6 +70,7 @@ pub use error::Error;
 pub use failure::{FailureKind, RunFailure};
 pub use metrics::{MetricValue, Metrics};
 pub use preemption::Preemption;
+pub use record::{CheckpointRecord, FileEntry, Manifest, ReportRecord};
 pub use result::TrainResult;
 pub use runtime::cache::default_cache_dir;
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};

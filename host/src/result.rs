@@ -2,9 +2,10 @@
 
 use serde_json::json;
 
-use crate::Metrics;
-use crate::checkpoint::{Checkpoint, ReportRecord};
+use crate::checkpoint::Checkpoint;
 use crate::failure::RunFailure;
+use crate::metrics::Metrics;
+use crate::record::ReportRecord;
 
 /// The outcome of [`crate::Trainer::fit`].
 ///

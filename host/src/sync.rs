@@ -55,7 +55,7 @@ fn run_once(config: &SyncConfig, source: &str, target: &str) -> Result<(), Strin
 /// Restore `local` from `<target>/<run>` when it does not exist yet.
 /// Failing is not fatal: the run may simply be new.
 pub(crate) fn restore_if_missing(config: &SyncConfig, local: &Path, run: &str) {
-    if local.join(crate::checkpoint::manifest::RUN_STATE).exists() {
+    if local.join(crate::record::layout::RUN_STATE).exists() {
         return;
     }
     let remote = remote_dir(config, run);

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::Error;
-use crate::checkpoint::{Checkpoint, Ledger, LedgerOptions, RestoreCache, Session};
+use crate::attempt::{RestoreCache, Session};
+use crate::checkpoint::Checkpoint;
 use crate::config::{
     Checked, Location, MaxFailures, ResourceLimits, Retention, RunConfig, ScalingConfig,
 };
+use crate::error::Error;
+use crate::ledger::{Ledger, LedgerOptions};
 use crate::preemption::Preemption;
 use crate::result::TrainResult;
 use crate::runtime::output::{OutputSink, TerminalOutput};
@@ -375,9 +377,9 @@ impl Trainer {
             && let Err(message) = syncer.finish()
         {
             tracing::error!("{message}");
-            error.get_or_insert(crate::RunFailure {
+            error.get_or_insert(crate::failure::RunFailure {
                 rank: None,
-                kind: crate::FailureKind::Storage,
+                kind: crate::failure::FailureKind::Storage,
                 message,
             });
         }
@@ -416,7 +418,7 @@ impl Attempt<'_> {
         report_timeout: Duration,
         preemption: &Preemption,
         grace: Duration,
-    ) -> Result<(Option<crate::RunFailure>, bool), Error> {
+    ) -> Result<(Option<crate::failure::RunFailure>, bool), Error> {
         // Fresh scratch directories: nothing of a failed attempt leaks into
         // the next one but what it committed.
         let scratch: Vec<PathBuf> = (0..self.world_size)
@@ -474,9 +476,9 @@ impl Attempt<'_> {
                     Ok(outcome) => tracing::debug!(rank, ?outcome, "rank ended"),
                     // A bug in the host, not the guest's doing; the run
                     // fails saying so instead of hanging or vanishing.
-                    Err(message) => session.fail(crate::RunFailure {
+                    Err(message) => session.fail(crate::failure::RunFailure {
                         rank: Some(rank as u32),
-                        kind: crate::FailureKind::Host,
+                        kind: crate::failure::FailureKind::Host,
                         message,
                     }),
                 }
@@ -521,9 +523,9 @@ fn watch(
         if let Some(limit) = limits.attempt_timeout
             && session.elapsed() > limit
         {
-            session.fail(crate::RunFailure {
+            session.fail(crate::failure::RunFailure {
                 rank: None,
-                kind: crate::FailureKind::Limit,
+                kind: crate::failure::FailureKind::Limit,
                 message: format!(
                     "the attempt exceeded its wall-clock limit of {}",
                     humantime::format_duration(limit)
@@ -534,9 +536,9 @@ fn watch(
         if let Some(timeout) = limits.stall_timeout
             && let Some((rank, quiet)) = session.stalled(timeout)
         {
-            session.fail(crate::RunFailure {
+            session.fail(crate::failure::RunFailure {
                 rank: Some(rank),
-                kind: crate::FailureKind::Limit,
+                kind: crate::failure::FailureKind::Limit,
                 message: format!(
                     "stalled: no report and no output for {} (stall timeout {})",
                     humantime::format_duration(Duration::from_millis(quiet.as_millis() as u64)),
@@ -572,7 +574,7 @@ fn default_run_name(guest: &GuestSource) -> String {
 async fn collect_result(
     ledger: &Ledger,
     run_name: String,
-    error: Option<crate::RunFailure>,
+    error: Option<crate::failure::RunFailure>,
     preempted: bool,
 ) -> Result<TrainResult, Error> {
     let (ranked, history, failures) = ledger.snapshot();

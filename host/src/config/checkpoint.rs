@@ -1,7 +1,7 @@
 //! Which checkpoints to keep: Ray's `CheckpointConfig` as the user writes
 //! it, and the validated [`Retention`] policy a run applies (R13-R17).
 
-use crate::Error;
+use crate::error::Error;
 use crate::metrics::{MetricValue, Metrics};
 
 /// Which checkpoints to keep (Ray's `CheckpointConfig`).

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::Error;
+use crate::error::Error;
 
 /// How many failures a run survives (Ray's `FailureConfig`).
 ///

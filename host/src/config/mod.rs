@@ -23,7 +23,7 @@ pub(crate) use storage::Location;
 pub use storage::StorageOptions;
 pub use sync::{DEFAULT_SYNC_PERIOD, SyncConfig};
 
-use crate::Error;
+use crate::error::Error;
 
 /// The storage used when none is given, as in Ray's `~/ray_results`.
 pub const DEFAULT_STORAGE: &str = "./trainhost_results";

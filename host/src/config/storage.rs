@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// How to reach a storage location beyond its URL.
 ///

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Mirror the run directory to a target with an external command (Ray
 /// Tune's custom syncer).

@@ -72,8 +72,8 @@ impl CompileCache {
         &self,
         engine: &Engine,
         bytes: &[u8],
-        compile: impl FnOnce() -> Result<Component, crate::Error>,
-    ) -> Result<(Component, CacheOutcome), crate::Error> {
+        compile: impl FnOnce() -> Result<Component, crate::error::Error>,
+    ) -> Result<(Component, CacheOutcome), crate::error::Error> {
         let entry = self.entry(engine, bytes);
         let mut outcome = CacheOutcome::Miss;
         match std::fs::read(&entry) {

@@ -19,8 +19,8 @@ use wasmtime::{Config, Engine};
 pub(crate) use rank::{RankDirs, RankInfo, RankShared, run_rank};
 pub(crate) use sandbox::RESTORE_GUEST_PATH;
 
-use crate::Error;
 use crate::config::Interruption;
+use crate::error::Error;
 use bindings::{Trainer, TrainerPre};
 pub(crate) use cache::{CacheOutcome, CompileCache};
 use rank::RankState;

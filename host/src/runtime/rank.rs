@@ -12,7 +12,7 @@ use super::bindings::trainhost::train::{context, session};
 use super::limits::{self, LimitHit, MemoryLimiter, OutputBudget};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
-use crate::checkpoint::{self, Aborted, ReportRefused, Session};
+use crate::attempt::{Aborted, ReportRefused, Session};
 use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
 use crate::metrics::{MetricValue, Metrics};
@@ -145,7 +145,7 @@ impl session::Host for RankState {
                 let captured = self
                     .sandbox
                     .open_dir(&path)
-                    .and_then(|dir| checkpoint::capture(self.info.world_rank, dir, &path))
+                    .and_then(|dir| crate::persist::capture(self.info.world_rank, dir, &path))
                     .and_then(|c| {
                         let total: u64 = c.files.iter().map(|(_, size)| size).sum();
                         match self.shared.limits.max_checkpoint_bytes {

@@ -161,7 +161,7 @@ mod tests {
             .unwrap();
         assert!(made.success());
         let dir = sb.open_dir("ckpt").unwrap();
-        let err = crate::checkpoint::capture(0, dir, "ckpt").unwrap_err();
+        let err = crate::persist::capture(0, dir, "ckpt").unwrap_err();
         assert!(err.contains("ckpt/pipe is a special file"), "{err}");
     }
 

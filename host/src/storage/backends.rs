@@ -21,8 +21,8 @@ use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreScheme, RetryConfig};
 
-use crate::Error;
 use crate::config::StorageOptions;
+use crate::error::Error;
 
 /// The trainhost option that allows credentials from the instance metadata
 /// service.

@@ -18,7 +18,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::path::Path;
 
 use super::{FileDigest, Meter, check_size};
-use crate::Error;
+use crate::error::Error;
 
 /// Read buffer per file being written.
 const CHUNK: usize = 1 << 20;

@@ -19,8 +19,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::Error;
 use crate::config::{Location, StorageOptions};
+use crate::error::Error;
 
 mod backends;
 mod local;

@@ -9,13 +9,23 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 
-use super::capture::Capture;
-use super::gate::{Aborted, ReportGate};
-use super::ledger::Ledger;
-use super::recorder::{Recorder, ReportRefused};
-use super::restore::{Checkpoint, RestoreCache, RestoreFailed};
-use crate::Metrics;
+mod gate;
+mod recorder;
+mod restore;
+
+pub(crate) use gate::Aborted;
+pub(crate) use recorder::ReportRefused;
+pub(crate) use restore::RestoreCache;
+
+use gate::ReportGate;
+use recorder::Recorder;
+use restore::RestoreFailed;
+
+use crate::checkpoint::Checkpoint;
 use crate::failure::{FailureKind, RunFailure};
+use crate::ledger::Ledger;
+use crate::metrics::Metrics;
+use crate::persist::Capture;
 use crate::preemption::Preemption;
 
 /// What a rank brings to a report.
@@ -307,7 +317,7 @@ impl Session {
             let name = record.dir_name();
             let restored = match Checkpoint::load(self.ledger.storage().child(&name)).await {
                 Ok(checkpoint) => self.restore.materialize(&name, &checkpoint).await,
-                Err(e @ crate::Error::NotACheckpoint { .. }) => {
+                Err(e @ crate::error::Error::NotACheckpoint { .. }) => {
                     Err(RestoreFailed::Corrupt(crate::error::chain(&e)))
                 }
                 Err(e) => Err(RestoreFailed::Failed(crate::error::chain(&e))),

@@ -36,11 +36,10 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::capture::Capture;
-use super::ledger::{Ledger, Uploaded};
-use super::persist::{Plan, PlanError, merge};
-use super::{manifest, persist};
-use crate::Metrics;
+use crate::ledger::{Assigned, Committed, Ledger, Uploaded};
+use crate::metrics::Metrics;
+use crate::persist::{self, Capture, Plan, PlanError, merge};
+use crate::record::layout;
 
 /// Reports that may wait to be written before `report` waits too.
 const QUEUE: usize = 1024;
@@ -65,8 +64,6 @@ pub(crate) struct Recorder {
     failed: Arc<Mutex<Option<String>>>,
     /// What the recorder and the writing task share about the history.
     history: Arc<History>,
-    /// The next report's index and the next checkpoint's index.
-    next: Mutex<(u64, u64)>,
     worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -128,7 +125,7 @@ impl Recorder {
     ) -> Self {
         let (queue, rx) = mpsc::channel(QUEUE);
         let failed = Arc::new(Mutex::new(None));
-        let next = ledger.next_indices();
+        ledger.restart_numbering();
         let history = Arc::new(History::default());
         let worker = handle.spawn(write_reports(
             Arc::clone(&ledger),
@@ -145,7 +142,6 @@ impl Recorder {
             slot: Arc::new(Semaphore::new(1)),
             failed,
             history,
-            next: Mutex::new(next),
             worker: Mutex::new(Some(worker)),
         }
     }
@@ -187,7 +183,7 @@ impl Recorder {
                 if let Some(message) = self.failure() {
                     return Err(message);
                 }
-                let index = lock(&self.next).1;
+                let index = self.ledger.next_checkpoint_index();
                 let (plan, snapshot, uploaded) = match &self.snapshots {
                     // On local storage, persisting the files costs what a
                     // snapshot would (a copy, in parallel, hashed on the
@@ -200,7 +196,7 @@ impl Recorder {
                         }
                     }
                     Some(root) => {
-                        let dir = root.join(manifest::checkpoint_dir_name(index));
+                        let dir = root.join(layout::checkpoint_dir_name(index));
                         let _ = std::fs::remove_dir_all(&dir);
                         match persist::snapshot(plan, &dir) {
                             Ok(plan) => (plan, Some(dir), None),
@@ -221,15 +217,11 @@ impl Recorder {
                 })
             }
         };
-        let report_index = {
-            let mut next = lock(&self.next);
-            let report_index = next.0;
-            next.0 += 1;
-            if checkpoint.is_some() {
-                next.1 += 1;
-            }
-            report_index
-        };
+        let Assigned {
+            report: report_index,
+            checkpoint: checkpoint_index,
+        } = self.ledger.assign(checkpoint.is_some());
+        debug_assert_eq!(checkpoint_index, checkpoint.as_ref().map(|c| c.index));
         // A report without a checkpoint in the background mode, with no
         // report still queued before it, goes straight into the history in
         // memory: waking the writing task for every such report would cost
@@ -389,7 +381,7 @@ struct Writer {
 
 impl Writer {
     /// Keep the first failure; nothing is written after it.
-    fn fail(&self, e: &crate::Error) -> String {
+    fn fail(&self, e: &crate::error::Error) -> String {
         lock(&self.failed)
             .get_or_insert_with(|| crate::error::chain(e))
             .clone()
@@ -445,8 +437,12 @@ impl Writer {
                         .await
                 }
             };
-            let stats = result.map_err(|e| self.fail(&e))?;
+            let Committed { stats, dropped } = result.map_err(|e| self.fail(&e))?;
             tracing::debug!(checkpoint = pending.index, ?stats, "persisted");
+            self.ledger
+                .delete_dropped(&dropped)
+                .await
+                .map_err(|e| self.fail(&e))?;
             committed = Some(pending.index);
         }
         self.ledger

@@ -1,50 +1,10 @@
-//! The manifest that commits a checkpoint, and the names of things in a
-//! run's storage.
-//!
-//! Layout of a run (R10):
-//! ```text
-//! <storage>/<run>/
-//!     trainhost-run.json                  run state (R12)
-//!     metrics.jsonl                       every report, one JSON object a line (R9)
-//!     checkpoint_000000/
-//!         <the guest's files, paths and bytes as written>
-//!         .trainhost/manifest.json        written last: the commit (R11)
-//!     checkpoint_000001/ ...
-//! ```
-//! A checkpoint directory without a valid manifest is not a checkpoint.
-//! Guests cannot write `.trainhost` at the top of a checkpoint, so the
-//! manifest never collides with their files. Several hosts contributing to
-//! one checkpoint will each add `.trainhost/shards/<node>.json` and the
-//! committing host merges them into the manifest.
+//! The manifest that commits a checkpoint (R11), and the rule that keeps
+//! its file paths inside the checkpoint.
 
 use serde::{Deserialize, Serialize};
 
-use crate::Metrics;
-
-/// Top-level name inside a checkpoint reserved for trainhost's own files.
-pub const RESERVED_DIR: &str = ".trainhost";
-/// The manifest's path inside a checkpoint directory.
-pub const MANIFEST: &str = ".trainhost/manifest.json";
-/// The run state's path inside a run directory.
-pub const RUN_STATE: &str = "trainhost-run.json";
-/// The metrics history's path inside a run directory.
-pub const HISTORY: &str = "metrics.jsonl";
-/// The format version written into manifests and run state.
-pub const FORMAT: u32 = 1;
-
-/// The directory name of checkpoint number `index` (zero-padded, so names
-/// sort in commit order).
-pub fn checkpoint_dir_name(index: u64) -> String {
-    format!("checkpoint_{index:06}")
-}
-
-/// The index of a checkpoint directory name, if it is one.
-pub fn parse_checkpoint_dir_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("checkpoint_")?;
-    (digits.len() >= 6 && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse().ok())
-        .flatten()
-}
+use super::layout::FORMAT;
+use crate::metrics::Metrics;
 
 /// One file of a checkpoint, as its [`Manifest`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,27 +73,26 @@ impl Manifest {
     }
 }
 
-/// Current time as RFC 3339 with seconds, UTC.
-pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+/// A manifest's file path must stay inside the checkpoint: relative,
+/// `/`-separated, no empty, `.` or `..` parts. Storage is not trusted.
+pub(crate) fn check_relative_path(path: &str) -> Result<(), String> {
+    let bad = path.is_empty()
+        || path.starts_with('/')
+        || path.contains('\0')
+        || path
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..");
+    if bad {
+        Err(format!("its manifest lists the unsafe path {path:?}"))
+    } else {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn checkpoint_names_sort_and_parse() {
-        assert_eq!(checkpoint_dir_name(7), "checkpoint_000007");
-        assert_eq!(parse_checkpoint_dir_name("checkpoint_000007"), Some(7));
-        assert_eq!(
-            parse_checkpoint_dir_name("checkpoint_1234567"),
-            Some(1_234_567)
-        );
-        assert_eq!(parse_checkpoint_dir_name("checkpoint_7"), None);
-        assert_eq!(parse_checkpoint_dir_name("checkpoint_00000x"), None);
-        assert!(checkpoint_dir_name(9) < checkpoint_dir_name(10));
-    }
+    use crate::record::layout::now_rfc3339;
 
     #[test]
     fn refuses_unknown_format() {
@@ -150,5 +109,23 @@ mod tests {
         };
         let err = Manifest::from_json(&serde_json::to_vec(&m).unwrap()).unwrap_err();
         assert!(err.contains("format 99"), "{err}");
+    }
+
+    #[test]
+    fn manifest_paths_must_stay_inside() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a/\0",
+        ] {
+            assert!(check_relative_path(bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "a/b.bin", "model-rank=1.safetensors", "..hidden"] {
+            assert!(check_relative_path(good).is_ok(), "{good:?}");
+        }
     }
 }

@@ -8,7 +8,7 @@
 
 use cap_std::fs::Dir;
 
-use super::manifest::RESERVED_DIR;
+use crate::record::layout::RESERVED_DIR;
 
 /// Deeper directory trees than this are refused (a guard against guests
 /// that nest directories until the host's stack or path limits break).

@@ -1,0 +1,181 @@
+//! Committing a checkpoint (steps 1-3 of the ledger's order) and deleting
+//! what retention drops (step 4).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::Ledger;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::persist::{PersistStats, Plan, Previous, persist};
+use crate::record::{CheckpointRecord, FileEntry, Manifest, layout, ranking};
+
+/// A checkpoint's files persisted but not yet committed.
+#[derive(Debug)]
+pub(crate) struct Uploaded {
+    files: Vec<FileEntry>,
+    stats: PersistStats,
+}
+
+/// A checkpoint committed and recorded in the run state.
+#[derive(Debug)]
+pub(crate) struct Committed {
+    /// What persisting its files did.
+    pub stats: PersistStats,
+    /// Checkpoints retention no longer keeps: the run state no longer lists
+    /// them, and [`Ledger::delete_dropped`] deletes them.
+    pub dropped: Vec<CheckpointRecord>,
+}
+
+impl Ledger {
+    /// Commit `plan` as checkpoint `checkpoint_index` of report
+    /// `report_index`: steps 1 to 3 of the ledger's order. Called for one
+    /// report at a time, in report order.
+    pub async fn commit(
+        &self,
+        report_index: u64,
+        checkpoint_index: u64,
+        metrics: &Metrics,
+        plan: &Plan,
+        world_size: u32,
+    ) -> Result<Committed, Error> {
+        let uploaded = self.upload(checkpoint_index, plan).await?;
+        self.commit_uploaded(
+            report_index,
+            checkpoint_index,
+            metrics,
+            &plan.ranks,
+            world_size,
+            uploaded,
+        )
+        .await
+    }
+
+    /// Step 1 of a commit: persist the files of `plan` into checkpoint
+    /// `checkpoint_index`'s directory, which nothing reads until
+    /// [`Ledger::commit_uploaded`] writes its manifest. The previous
+    /// checkpoint must be committed already (its files are linked).
+    pub async fn upload(&self, checkpoint_index: u64, plan: &Plan) -> Result<Uploaded, Error> {
+        let dest = self
+            .storage
+            .child(&layout::checkpoint_dir_name(checkpoint_index));
+        // A host killed mid-upload can leave files under this name with no
+        // manifest; they were never committed, so clear them first.
+        dest.delete_all("").await?;
+        let previous = self.previous().await;
+        let (files, stats) = persist(&dest, plan, previous).await?;
+        Ok(Uploaded { files, stats })
+    }
+
+    /// Steps 2 and 3 of a commit, for files [`Ledger::upload`] persisted:
+    /// make them durable, write the manifest, then the run state. Returns
+    /// what retention dropped, still to be deleted.
+    pub async fn commit_uploaded(
+        &self,
+        report_index: u64,
+        checkpoint_index: u64,
+        metrics: &Metrics,
+        ranks: &[u32],
+        world_size: u32,
+        uploaded: Uploaded,
+    ) -> Result<Committed, Error> {
+        let Uploaded { files, stats } = uploaded;
+        let run_name = self.lock().state.run_name.clone();
+        let dest = self
+            .storage
+            .child(&layout::checkpoint_dir_name(checkpoint_index));
+        let manifest = Manifest {
+            format: layout::FORMAT,
+            run_name,
+            checkpoint_index,
+            report_index,
+            metrics: metrics.clone(),
+            ranks: ranks.to_vec(),
+            world_size,
+            files,
+            committed_at: layout::now_rfc3339(),
+        };
+        let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
+        // The manifest is written after every file is durable (R11).
+        dest.sync_uploads().await?;
+        dest.put(layout::MANIFEST, Bytes::from(json)).await?;
+        tracing::info!(
+            checkpoint = %dest.url(),
+            files = manifest.files.len(),
+            bytes = manifest.total_bytes(),
+            reused_files = stats.reused.0,
+            "committed checkpoint"
+        );
+        let record = CheckpointRecord {
+            index: checkpoint_index,
+            report_index,
+            metrics: metrics.clone(),
+        };
+        ranking::warn_unscored(&self.retention, &record);
+        {
+            let mut inner = self.lock();
+            inner.state.reports = report_index + 1;
+            inner.state.next_checkpoint_index = checkpoint_index + 1;
+            inner.state.checkpoints.push(record);
+            inner.previous = Some(Arc::new(Previous {
+                storage: dest,
+                files: manifest.files,
+            }));
+        }
+        let dropped = self.retain().await?;
+        Ok(Committed { stats, dropped })
+    }
+
+    /// Apply retention to the retained list and write the run state
+    /// (R12): from here on, the dropped checkpoints are not the run's, and
+    /// a host killed before deleting them leaves them for the next open to
+    /// remove. Returns them.
+    pub(super) async fn retain(&self) -> Result<Vec<CheckpointRecord>, Error> {
+        let dropped = {
+            let mut inner = self.lock();
+            let (kept, dropped) = ranking::split(&self.retention, &inner.state.checkpoints);
+            inner.state.checkpoints = kept;
+            dropped
+        };
+        self.write_state().await?;
+        Ok(dropped)
+    }
+
+    /// Delete checkpoints [`Ledger::commit_uploaded`] dropped (step 4). The
+    /// run state no longer names them, so this may run while later reports
+    /// are committed.
+    pub async fn delete_dropped(&self, dropped: &[CheckpointRecord]) -> Result<(), Error> {
+        for record in dropped {
+            tracing::info!(checkpoint = record.index, "retention: deleting checkpoint");
+            self.delete_checkpoint(&record.dir_name()).await?;
+        }
+        Ok(())
+    }
+
+    /// Delete a checkpoint: manifest first, so that a half-deleted
+    /// checkpoint is never restorable (R18).
+    pub(super) async fn delete_checkpoint(&self, dir_name: &str) -> Result<(), Error> {
+        let dir = self.storage.child(dir_name);
+        dir.delete(layout::MANIFEST).await?;
+        dir.delete_all("").await
+    }
+
+    /// The latest committed checkpoint's files, to share with the next one
+    /// (incremental upload). Read from its manifest once per host; `None`
+    /// if there is none or it cannot be read (then every file is sent).
+    async fn previous(&self) -> Option<Arc<Previous>> {
+        if let Some(previous) = self.lock().previous.clone() {
+            return Some(previous);
+        }
+        let latest = self.lock().state.checkpoints.last()?.dir_name();
+        let storage = self.storage.child(&latest);
+        let manifest = crate::record::read_manifest(&storage).await.ok()?;
+        let previous = Arc::new(Previous {
+            storage,
+            files: manifest.files,
+        });
+        self.lock().previous = Some(Arc::clone(&previous));
+        Some(previous)
+    }
+}

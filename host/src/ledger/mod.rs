@@ -1,0 +1,202 @@
+//! The ledger: the one writer of a run's record in storage (see
+//! [`crate::record`] for what the files hold).
+//!
+//! A report with a checkpoint is written in this order, so that a host
+//! killed at any instant leaves storage resumable (R11, R12, R18):
+//! 1. the checkpoint's files, made durable ([`Storage::sync_uploads`]);
+//! 2. its manifest (the commit);
+//! 3. the run state, naming the new checkpoint and the retained ones;
+//! 4. deletions by retention, each manifest first;
+//! 5. the metrics history.
+//!
+//! Steps 1-3 are [`Ledger::upload`] and [`Ledger::commit_uploaded`]; step 4
+//! is [`Ledger::delete_dropped`], which the caller runs after the commit
+//! returns, so that nothing waits on deletions. Opening an existing run
+//! repairs what a killed host can leave behind (`open.rs`).
+//!
+//! The ledger also owns the run's numbering: the index the next report and
+//! the next checkpoint get ([`Ledger::assign`]).
+
+mod commit;
+mod open;
+
+use std::sync::{Arc, Mutex};
+
+use tokio::runtime::Handle;
+
+pub(crate) use commit::{Committed, Uploaded};
+pub(crate) use open::LedgerOptions;
+
+use crate::config::Retention;
+use crate::error::Error;
+use crate::failure::RunFailure;
+use crate::metrics::Metrics;
+use crate::persist::Previous;
+use crate::record::{CheckpointRecord, History, ReportRecord, RunState, layout, ranking};
+use crate::storage::Storage;
+
+/// The indices a report is recorded under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Assigned {
+    /// The report's index in the run.
+    pub report: u64,
+    /// The checkpoint's index, if the report has one.
+    pub checkpoint: Option<u64>,
+}
+
+/// The indices the next report and checkpoint get.
+#[derive(Debug, Clone, Copy, Default)]
+struct Numbering {
+    report: u64,
+    checkpoint: u64,
+}
+
+struct Inner {
+    /// What storage holds (or is about to, for the history).
+    state: RunState,
+    history: History,
+    /// Indices handed out to reports that may not be written yet. Runs
+    /// ahead of `state` while reports are on their way to storage; set
+    /// back to it when an attempt starts (see [`Ledger::restart_numbering`]).
+    assigned: Numbering,
+    /// The latest committed checkpoint's files, once known.
+    previous: Option<Arc<Previous>>,
+}
+
+impl Inner {
+    /// The indices after everything recorded so far.
+    fn recorded(&self) -> Numbering {
+        Numbering {
+            report: self.state.reports,
+            checkpoint: self.state.next_checkpoint_index,
+        }
+    }
+}
+
+/// The run's record: owns the run directory in storage.
+pub(crate) struct Ledger {
+    storage: Storage,
+    handle: Handle,
+    retention: Retention,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("storage", &self.storage.url())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// The run's storage location.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+
+    /// The retention policy.
+    pub fn retention(&self) -> &Retention {
+        &self.retention
+    }
+
+    /// Whether the run's storage is a local directory.
+    pub fn is_local(&self) -> bool {
+        self.storage.local_path().is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Every mutation is a push or an assignment after the I/O, so a
+        // lock poisoned by a panic still guards consistent data.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A number that changes whenever the run writes to storage (a report
+    /// or a failure).
+    pub fn generation(&self) -> u64 {
+        let inner = self.lock();
+        inner.state.reports + inner.state.failures.len() as u64
+    }
+
+    /// Retained committed checkpoints, newest first.
+    pub fn newest_first(&self) -> Vec<CheckpointRecord> {
+        let mut out = self.lock().state.checkpoints.clone();
+        out.reverse();
+        out
+    }
+
+    /// Retained checkpoints best first, the metrics history, and every
+    /// failure so far.
+    pub fn snapshot(&self) -> (Vec<CheckpointRecord>, Vec<ReportRecord>, Vec<RunFailure>) {
+        let inner = self.lock();
+        (
+            ranking::ranked(&self.retention, &inner.state.checkpoints),
+            inner.history.records().to_vec(),
+            inner.state.failures.clone(),
+        )
+    }
+
+    /// Number reports from what is recorded: indices handed out to reports
+    /// of a failed attempt that never reached storage are given again.
+    pub fn restart_numbering(&self) {
+        let mut inner = self.lock();
+        inner.assigned = inner.recorded();
+    }
+
+    /// The indices of the next report, which has a checkpoint or not.
+    /// Reports are assigned one at a time, in report order.
+    pub fn assign(&self, with_checkpoint: bool) -> Assigned {
+        let mut inner = self.lock();
+        let next = &mut inner.assigned;
+        let assigned = Assigned {
+            report: next.report,
+            checkpoint: with_checkpoint.then_some(next.checkpoint),
+        };
+        next.report += 1;
+        if with_checkpoint {
+            next.checkpoint += 1;
+        }
+        assigned
+    }
+
+    /// The index the next checkpoint will get, without assigning it.
+    pub fn next_checkpoint_index(&self) -> u64 {
+        self.lock().assigned.checkpoint
+    }
+
+    async fn write_state(&self) -> Result<(), Error> {
+        let json = {
+            let mut inner = self.lock();
+            inner.state.updated_at = layout::now_rfc3339();
+            serde_json::to_vec_pretty(&inner.state).expect("state serializes")
+        };
+        self.storage
+            .put(layout::RUN_STATE, bytes::Bytes::from(json))
+            .await
+    }
+
+    /// Record a failure; returns how many the run has had in all.
+    pub fn record_failure(&self, failure: &RunFailure) -> Result<usize, Error> {
+        let count = {
+            let mut inner = self.lock();
+            inner.state.failures.push(failure.clone());
+            inner.state.failures.len()
+        };
+        self.handle.block_on(self.write_state())?;
+        Ok(count)
+    }
+
+    /// Add report `report_index` to the history in memory; `write_history`
+    /// stores it (step 5).
+    pub fn append_report(&self, report_index: u64, metrics: Metrics, checkpoint: Option<u64>) {
+        let mut inner = self.lock();
+        inner.state.reports = report_index + 1;
+        inner.history.append(report_index, metrics, checkpoint);
+    }
+
+    /// Store the metrics history as it is in memory.
+    pub async fn write_history(&self) -> Result<(), Error> {
+        let bytes = self.lock().history.to_bytes();
+        self.storage.put(layout::HISTORY, bytes).await
+    }
+}

@@ -1,0 +1,13 @@
+//! Writing one report's checkpoint files: listing each rank's directory
+//! through its sandbox handle, merging the ranks' files into one plan,
+//! snapshotting it when the upload goes on in the background, and
+//! uploading it. What makes the files a committed checkpoint (the
+//! manifest, the run state) is the ledger's part.
+
+mod capture;
+mod plan;
+mod upload;
+
+pub(crate) use capture::{Capture, capture};
+pub(crate) use plan::{Plan, PlanError, merge, snapshot};
+pub(crate) use upload::{PersistStats, Previous, persist};
