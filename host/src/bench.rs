@@ -36,7 +36,7 @@ pub fn persist_directory(
         },
     )?;
     let shown = dir.display().to_string();
-    let captured = capture(0, handle, &shown).map_err(Error::InvalidConfig)?;
+    let captured = capture(0, handle, &shown).map_err(|e| Error::InvalidConfig(e.to_string()))?;
     let plan = merge(vec![captured])
         .map_err(|_| Error::InvalidConfig("one capture cannot collide with itself".into()))?;
     let dest = Storage::open(&Location::parse(storage)?, options)?.child(name);

@@ -72,6 +72,7 @@ pub use metrics::{MetricValue, Metrics};
 pub use preemption::Preemption;
 pub use record::{CheckpointRecord, FileEntry, Manifest, ReportRecord};
 pub use result::TrainResult;
+pub use runtime::GuestSource;
 pub use runtime::cache::default_cache_dir;
 pub use runtime::output::{OutputSink, Stream, TerminalOutput};
-pub use trainer::{GuestSource, Trainer, TrainerBuilder};
+pub use trainer::{Trainer, TrainerBuilder};

@@ -102,9 +102,12 @@ impl<A, O> std::fmt::Debug for ReportGate<A, O> {
     }
 }
 
-/// What the gate tells its caller when ranks broke the protocol; the caller
-/// fails the run with it.
-pub(crate) type Violation = String;
+/// What the gate tells its caller when ranks broke the protocol (R6); the
+/// caller fails the run with it. The text names the ranks and what each
+/// did.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("report protocol violation: {0}")]
+pub(crate) struct Violation(String);
 
 impl<A, O: Clone> ReportGate<A, O> {
     pub fn new(world_size: usize, timeout: Duration) -> Self {
@@ -166,11 +169,11 @@ impl<A, O: Clone> ReportGate<A, O> {
             let waiting = st.abort();
             drop(st);
             self.changed(waiting);
-            return Err(Ok(format!(
-                "report protocol violation: rank {rank} called report a {} time, but {}; every rank must call report the same number of times",
+            return Err(Ok(Violation(format!(
+                "rank {rank} called report a {} time, but {}; every rank must call report the same number of times",
                 ordinal(round + 1),
                 gone.join(", ")
-            )));
+            ))));
         }
         debug_assert!(st.arrivals[rank].is_none(), "rank {rank} arrived twice");
         st.arrivals[rank] = Some(arrival);
@@ -214,11 +217,11 @@ impl<A, O: Clone> ReportGate<A, O> {
                 let waiting = st.abort();
                 drop(st);
                 self.changed(waiting);
-                return Err(Ok(format!(
-                    "report protocol violation: ranks {came:?} waited {} in their {} report for ranks {missing:?}, which did not report; every rank must call report the same number of times (raise the report timeout if a step can take longer)",
+                return Err(Ok(Violation(format!(
+                    "ranks {came:?} waited {} in their {} report for ranks {missing:?}, which did not report; every rank must call report the same number of times (raise the report timeout if a step can take longer)",
                     humantime::format_duration(self.timeout),
                     ordinal(round + 1),
-                )));
+                ))));
             }
             // Once the round is closed the leader is persisting; that has
             // its own storage timeouts, so wait without a deadline.
@@ -273,10 +276,10 @@ impl<A, O: Clone> ReportGate<A, O> {
         let threads = st.abort();
         drop(st);
         self.changed(threads);
-        Err(format!(
-            "report protocol violation: rank {rank} returned from train after {reports} reports while ranks {waiting:?} wait in their {} report; every rank must call report the same number of times",
+        Err(Violation(format!(
+            "rank {rank} returned from train after {reports} reports while ranks {waiting:?} wait in their {} report; every rank must call report the same number of times",
             ordinal(round + 1)
-        ))
+        )))
     }
 
     /// Wake every waiting rank with [`Aborted`]; later arrivals get it too.
@@ -365,7 +368,7 @@ mod tests {
         while g.lock().arrived == 0 {
             std::thread::yield_now();
         }
-        let violation = g.finish(0, 0).unwrap_err();
+        let violation = g.finish(0, 0).unwrap_err().to_string();
         assert!(
             violation.contains("rank 0 returned from train after 0 reports"),
             "{violation}"
@@ -378,7 +381,7 @@ mod tests {
     fn reporting_after_another_rank_finished_is_a_violation() {
         let g = gate(2, 60_000);
         g.finish(0, 0).unwrap();
-        let err = g.arrive(1, 0, |_| 0).unwrap_err().unwrap();
+        let err = g.arrive(1, 0, |_| 0).unwrap_err().unwrap().to_string();
         assert!(err.contains("rank 1 called report a 1st time"), "{err}");
     }
 
@@ -391,7 +394,7 @@ mod tests {
         let err = g.arrive(2, 0, |_| 0);
         let other = t.join().unwrap();
         let violation = match (err, other) {
-            (Err(Ok(v)), Err(Err(Aborted))) | (Err(Err(Aborted)), Err(Ok(v))) => v,
+            (Err(Ok(v)), Err(Err(Aborted))) | (Err(Err(Aborted)), Err(Ok(v))) => v.to_string(),
             other => panic!("unexpected {other:?}"),
         };
         assert!(violation.contains("ranks [0, 2]"), "{violation}");

@@ -1,204 +1,252 @@
-//! One attempt's shared state, as the ranks' imports use it: the report
-//! gate, the ledger, the restore cache, preemption, and the attempt's first
-//! failure.
+//! One attempt of a run: a gang of ranks started together, supervised
+//! together, and stopped together (R19).
+//!
+//! The attempt owns what its ranks share: the collective report (the gate
+//! in `gate.rs` and the recorder that writes reports to storage in
+//! `recorder.rs` and `writer.rs`), the restorer that hands out the
+//! checkpoint to resume from (`restore.rs`), the preemption latch, and the
+//! supervision of the gang (`supervisor.rs`: the first failure, the stop
+//! flag, each rank's liveness; `watch.rs`: the thread that enforces the
+//! attempt's time limits, stalls and the preemption grace period).
+//!
+//! The runtime sees none of this: each rank gets a [`RankHandle`], which
+//! offers exactly the calls a rank makes (report, get a checkpoint, ask
+//! about preemption, show a sign of life, end).
+//!
+//! **Stopping.** Every reason to stop the gang enters through one door,
+//! `Shared::fail` (or `Shared::stop`, without a failure): it keeps the
+//! attempt's first failure, raises the flag that running guests check on
+//! every epoch tick, and wakes every rank blocked in a collective call. A
+//! rank's own trap or error comes in through its [`RankHandle`]; the
+//! watcher's limits, the preemption grace period and a storage failure of
+//! the recorder through the watcher thread, which holds the attempt's
+//! shared state beside the ranks.
+//!
+//! A failure on another node, once runs span several hosts, will enter the
+//! same way: a second thread beside the ranks, like the watcher, receives
+//! the remote `RunFailure` from the node's communication layer and calls
+//! `fail` with it, while the local attempt's first failure is sent to the
+//! other nodes. Ranks blocked waiting for remote shards or collective
+//! results are woken like ranks blocked in the report gate.
 
-use std::collections::HashSet;
+mod gate;
+mod handle;
+mod queue;
+mod recorder;
+mod restore;
+mod supervisor;
+mod watch;
+mod writer;
+
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-mod gate;
-mod recorder;
-mod restore;
-
 pub(crate) use gate::Aborted;
-pub(crate) use recorder::ReportRefused;
+pub(crate) use handle::{RankEnd, RankHandle, Refused};
 pub(crate) use restore::RestoreCache;
 
-use gate::ReportGate;
+use gate::{ReportGate, Violation};
 use recorder::Recorder;
-use restore::RestoreFailed;
+use restore::Restorer;
+use supervisor::Supervisor;
 
 use crate::checkpoint::Checkpoint;
+use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
-use crate::persist::Capture;
+use crate::persist::{Capture, Collision};
 use crate::preemption::Preemption;
 
+/// What one attempt needs.
+#[derive(Debug)]
+pub(crate) struct AttemptSetup {
+    pub world_size: u32,
+    /// How long a rank waits in `report` for the others.
+    pub report_timeout: Duration,
+    pub ledger: Arc<Ledger>,
+    /// Where checkpoints are copied so that `report` returns before they
+    /// are uploaded; `None` to return once committed.
+    pub snapshots: Option<PathBuf>,
+    /// The run's local copies of restored checkpoints, kept across attempts.
+    pub restore: Arc<RestoreCache>,
+    pub resume_from: Option<Checkpoint>,
+    pub preemption: Preemption,
+    /// How long the ranks have to checkpoint once preemption is requested.
+    pub grace: Duration,
+    pub limits: ResourceLimits,
+    pub handle: Handle,
+}
+
+/// How an attempt ended.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    /// Its first failure, if it failed.
+    pub failure: Option<RunFailure>,
+    /// Whether a stop was requested (preemption).
+    pub preempted: bool,
+}
+
+/// One attempt; see the module's description.
+#[derive(Debug)]
+pub(crate) struct Attempt {
+    shared: Arc<Shared>,
+}
+
 /// What a rank brings to a report.
-pub(crate) struct Arrival {
-    pub metrics: Metrics,
-    pub capture: Option<Capture>,
+struct Arrival {
+    metrics: Metrics,
+    capture: Option<Capture>,
 }
 
 /// A report's outcome, the same for every rank.
 #[derive(Debug, Clone)]
 enum Outcome {
     Recorded,
-    Refused(ReportRefused),
+    Refused(Collision),
     Failed,
 }
 
-/// Shared by the ranks of one attempt.
+/// Shared by the ranks and the watcher of one attempt.
 #[derive(Debug)]
-pub(crate) struct Session {
+struct Shared {
+    world_size: u32,
+    supervisor: Supervisor,
     gate: ReportGate<Arrival, Outcome>,
-    ledger: Arc<Ledger>,
     recorder: Recorder,
-    restore: Arc<RestoreCache>,
-    resume_from: Option<Checkpoint>,
+    restorer: Restorer,
+    ledger: Arc<Ledger>,
     preemption: Preemption,
+    grace: Duration,
+    limits: ResourceLimits,
     handle: Handle,
-    failure: Mutex<Option<RunFailure>>,
-    aborted: AtomicBool,
     /// Reports completed in this attempt.
     completed: AtomicU64,
     /// Once preemption is requested: the number of completed reports after
     /// which every rank sees `preemption-requested` true.
     preempt_after: OnceLock<u64>,
-    started: Instant,
-    /// Per rank: milliseconds after `started` of its last sign of life (a
-    /// report, an output line).
-    alive_at: Vec<AtomicU64>,
-    /// Per rank: waiting for the other ranks inside `report`.
-    waiting: Vec<AtomicBool>,
-    /// Per rank: returned (or failed).
-    ended: Vec<AtomicBool>,
-    /// Damaged checkpoints already reported: every rank runs into them.
-    damaged: Mutex<HashSet<String>>,
 }
 
-impl Session {
-    /// `snapshots`: where checkpoints are copied so that `report` returns
-    /// before they are uploaded; `None` to return once committed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        world_size: u32,
-        report_timeout: std::time::Duration,
-        ledger: Arc<Ledger>,
-        snapshots: Option<std::path::PathBuf>,
-        restore: Arc<RestoreCache>,
-        resume_from: Option<Checkpoint>,
-        preemption: Preemption,
-        handle: Handle,
-    ) -> Self {
-        Self {
-            gate: ReportGate::new(world_size as usize, report_timeout),
-            recorder: Recorder::start(Arc::clone(&ledger), world_size, snapshots, handle.clone()),
+impl Attempt {
+    pub fn new(setup: AttemptSetup) -> Self {
+        let AttemptSetup {
+            world_size,
+            report_timeout,
             ledger,
+            snapshots,
             restore,
             resume_from,
             preemption,
+            grace,
+            limits,
             handle,
-            failure: Mutex::new(None),
-            aborted: AtomicBool::new(false),
-            completed: AtomicU64::new(0),
-            preempt_after: OnceLock::new(),
-            started: Instant::now(),
-            alive_at: (0..world_size).map(|_| AtomicU64::new(0)).collect(),
-            waiting: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
-            ended: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
-            damaged: Mutex::new(HashSet::new()),
+        } = setup;
+        Self {
+            shared: Arc::new(Shared {
+                world_size,
+                supervisor: Supervisor::new(world_size),
+                gate: ReportGate::new(world_size as usize, report_timeout),
+                recorder: Recorder::start(
+                    Arc::clone(&ledger),
+                    world_size,
+                    snapshots,
+                    handle.clone(),
+                ),
+                restorer: Restorer::new(restore, Arc::clone(&ledger), resume_from),
+                ledger,
+                preemption,
+                grace,
+                limits,
+                handle,
+                completed: AtomicU64::new(0),
+                preempt_after: OnceLock::new(),
+            }),
         }
     }
 
-    /// Rank `rank` showed a sign of life.
-    pub fn touch(&self, rank: u32) {
-        let now = self.started.elapsed().as_millis() as u64;
-        self.alive_at[rank as usize].store(now, Ordering::Relaxed);
-    }
-
-    /// Rank `rank` ended; it can no longer stall.
-    pub fn ended(&self, rank: u32) {
-        self.ended[rank as usize].store(true, Ordering::Relaxed);
-    }
-
-    /// How long this attempt has run.
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
-    }
-
-    /// A rank that has shown no sign of life for longer than `timeout`
-    /// while running its own code, and for how long.
-    pub fn stalled(&self, timeout: Duration) -> Option<(u32, Duration)> {
-        let now = self.started.elapsed();
-        (0..self.alive_at.len()).find_map(|r| {
-            if self.ended[r].load(Ordering::Relaxed) || self.waiting[r].load(Ordering::Relaxed) {
-                return None;
+    /// Run every rank on a thread of its own (`rank` runs one, given its
+    /// handle) and supervise them until all have ended; then write what
+    /// they reported. Returns how the attempt ended.
+    pub fn run(self, rank: impl Fn(RankHandle) + Sync) -> Ended {
+        let shared = &self.shared;
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let watcher = scope.spawn(|| watch::watch(shared, &done));
+            let threads: Vec<_> = (0..shared.world_size)
+                .map(|r| {
+                    let handle = RankHandle::new(r, Arc::clone(shared));
+                    let rank = &rank;
+                    std::thread::Builder::new()
+                        .name(format!("trainhost-rank-{r}"))
+                        .spawn_scoped(scope, move || rank(handle))
+                })
+                .collect();
+            for (r, thread) in threads.into_iter().enumerate() {
+                let joined = thread
+                    .map_err(|e| format!("cannot start the host's thread for this rank: {e}"))
+                    .and_then(|t| t.join().map_err(|p| panic_message(p.as_ref())));
+                // A bug in the host, not the guest's doing: the run fails
+                // saying so instead of hanging or vanishing.
+                if let Err(message) = joined {
+                    shared.fail(RunFailure {
+                        rank: Some(r as u32),
+                        kind: FailureKind::Host,
+                        message,
+                    });
+                }
             }
-            let quiet = now.saturating_sub(Duration::from_millis(
-                self.alive_at[r].load(Ordering::Relaxed),
-            ));
-            (quiet > timeout).then_some((r as u32, quiet))
-        })
+            shared.finish_recording();
+            done.store(true, Ordering::SeqCst);
+            watcher.thread().unpark();
+            let _ = watcher.join();
+        });
+        Ended {
+            failure: shared.supervisor.failure(),
+            preempted: shared.preemption.is_requested(),
+        }
     }
+}
 
-    /// Whether every rank must stop now. Cheap: read on every epoch tick of
-    /// every rank.
-    pub fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::Relaxed)
-    }
-
+impl Shared {
     /// Fail the attempt (the first failure is the one kept) and stop every
     /// rank.
-    pub fn fail(&self, failure: RunFailure) {
-        {
-            let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() {
-                tracing::error!("{failure}");
-                *slot = Some(failure);
-            }
-        }
+    fn fail(&self, failure: RunFailure) {
+        self.supervisor.record(failure);
         self.stop();
     }
 
     /// Stop every rank without a failure (preemption's grace ran out).
-    pub fn stop(&self) {
-        self.aborted.store(true, Ordering::Relaxed);
+    fn stop(&self) {
+        self.supervisor.raise_stop();
         self.gate.abort();
     }
 
-    /// The attempt's first failure.
-    pub fn failure(&self) -> Option<RunFailure> {
-        self.failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Refuse metrics that cannot be recorded: a score attribute that is not
-    /// a number (R17).
-    pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), String> {
-        self.ledger
-            .retention()
-            .check_metrics(metrics)
-            .map_err(|e| e.to_string())
-    }
-
-    /// Whether a rank that has made `reports` reports in this attempt sees
-    /// preemption requested.
-    pub fn preemption_requested(&self, reports: u64) -> bool {
-        self.preempt_after
-            .get()
-            .is_some_and(|after| reports >= *after)
+    /// Fail the attempt with a storage failure of the recorder.
+    fn fail_recording(&self, failed: queue::RecordFailed) {
+        self.fail(RunFailure {
+            rank: None,
+            kind: FailureKind::Storage,
+            message: failed.to_string(),
+        });
     }
 
     /// Rank `rank`'s part of the next collective report. Returns the
-    /// report's outcome, or `Aborted` if the run is failing (this call may
-    /// be the cause).
-    pub fn report(
+    /// report's outcome, or `Aborted` if the attempt is stopping (this call
+    /// may be the cause).
+    fn report(
         &self,
         rank: u32,
         metrics: Metrics,
         capture: Option<Capture>,
-    ) -> Result<Result<(), ReportRefused>, Aborted> {
+    ) -> Result<Result<(), Collision>, Aborted> {
         let arrival = Arrival { metrics, capture };
-        self.touch(rank);
+        self.supervisor.alive(rank);
         // Waiting for slower ranks is not stalling.
-        self.waiting[rank as usize].store(true, Ordering::Relaxed);
+        self.supervisor.waiting(rank, true);
         let outcome = self.gate.arrive(rank as usize, arrival, |gathered| {
             let mut arrivals = gathered.arrivals;
             let captures: Vec<Capture> = arrivals
@@ -209,13 +257,9 @@ impl Session {
             let metrics = std::mem::take(&mut arrivals[0].metrics);
             let outcome = match self.recorder.record(metrics, captures) {
                 Ok(Ok(())) => Outcome::Recorded,
-                Ok(Err(refused)) => Outcome::Refused(refused),
-                Err(message) => {
-                    self.fail(RunFailure {
-                        rank: None,
-                        kind: FailureKind::Storage,
-                        message,
-                    });
+                Ok(Err(collision)) => Outcome::Refused(collision),
+                Err(failed) => {
+                    self.fail_recording(failed);
                     Outcome::Failed
                 }
             };
@@ -227,134 +271,80 @@ impl Session {
             }
             outcome
         });
-        self.waiting[rank as usize].store(false, Ordering::Relaxed);
-        self.touch(rank);
+        self.supervisor.waiting(rank, false);
+        self.supervisor.alive(rank);
         match outcome {
             Ok(Outcome::Recorded) => Ok(Ok(())),
-            Ok(Outcome::Refused(r)) => Ok(Err(r)),
+            Ok(Outcome::Refused(collision)) => Ok(Err(collision)),
             Ok(Outcome::Failed) | Err(Err(Aborted)) => Err(Aborted),
             Err(Ok(violation)) => {
-                // A disagreement between ranks: the message names them all.
-                self.fail(RunFailure {
-                    rank: None,
-                    kind: FailureKind::Protocol,
-                    message: violation,
-                });
+                self.fail_protocol(violation);
                 Err(Aborted)
             }
         }
     }
 
+    /// Ranks disagree on the number of reports: the message names them all.
+    fn fail_protocol(&self, violation: Violation) {
+        self.fail(RunFailure {
+            rank: None,
+            kind: FailureKind::Protocol,
+            message: violation.to_string(),
+        });
+    }
+
+    /// Whether a rank that has made `reports` reports in this attempt sees
+    /// preemption requested.
+    fn preemption_requested(&self, reports: u64) -> bool {
+        self.preempt_after
+            .get()
+            .is_some_and(|after| reports >= *after)
+    }
+
+    /// The guest path of the checkpoint to resume from (R21).
+    fn get_checkpoint(&self, rank: u32) -> Result<Option<String>, Aborted> {
+        self.supervisor.alive(rank);
+        // A checkpoint reported earlier in this attempt may still be on its
+        // way to storage; it is the latest once committed.
+        if let Err(failed) = self.recorder.flush() {
+            self.fail_recording(failed);
+            return Err(Aborted);
+        }
+        self.handle.block_on(self.restorer.resolve()).map_err(|e| {
+            self.fail(RunFailure {
+                rank: Some(rank),
+                kind: FailureKind::Restore,
+                message: e.to_string(),
+            });
+            Aborted
+        })
+    }
+
     /// Fail the attempt if writing reports in the background failed, so
     /// that ranks stop without waiting for their next report.
-    pub fn check_background(&self) {
-        if let Some(message) = self.recorder.failure() {
-            self.fail(RunFailure {
-                rank: None,
-                kind: FailureKind::Storage,
-                message,
-            });
+    fn check_background(&self) {
+        if let Some(failed) = self.recorder.failure() {
+            self.fail_recording(failed);
         }
     }
 
     /// Write every report recorded in this attempt to storage; a failure
     /// to do so fails the attempt. Called once the ranks have ended.
-    pub fn finish_recording(&self) {
-        if let Err(message) = self.recorder.finish() {
-            if self.failure().is_some() {
-                tracing::error!("writing reports to storage failed as well: {message}");
+    fn finish_recording(&self) {
+        if let Err(failed) = self.recorder.finish() {
+            if self.supervisor.failure().is_some() {
+                tracing::error!("writing reports to storage failed as well: {failed}");
             }
-            self.fail(RunFailure {
-                rank: None,
-                kind: FailureKind::Storage,
-                message,
-            });
+            self.fail_recording(failed);
         }
     }
+}
 
-    /// Rank `rank` returned from `train` after `reports` reports.
-    pub fn finish(&self, rank: u32, reports: u64) {
-        if let Err(violation) = self.gate.finish(rank as usize, reports) {
-            self.fail(RunFailure {
-                rank: None,
-                kind: FailureKind::Protocol,
-                message: violation,
-            });
-        }
-    }
-
-    /// The guest path of the checkpoint to resume from (R21): the run's
-    /// latest committed checkpoint that verifies, else `resume_from`, else
-    /// none.
-    pub fn get_checkpoint(&self, rank: u32) -> Result<Option<String>, Aborted> {
-        self.touch(rank);
-        // A checkpoint reported earlier in this attempt may still be on its
-        // way to storage; it is the latest once committed.
-        if let Err(message) = self.recorder.flush() {
-            self.fail(RunFailure {
-                rank: None,
-                kind: FailureKind::Storage,
-                message,
-            });
-            return Err(Aborted);
-        }
-        self.handle
-            .block_on(self.resolve_checkpoint())
-            .map_err(|message| {
-                self.fail(RunFailure {
-                    rank: Some(rank),
-                    kind: FailureKind::Restore,
-                    message,
-                });
-                Aborted
-            })
-    }
-
-    async fn resolve_checkpoint(&self) -> Result<Option<String>, String> {
-        let committed = self.ledger.newest_first();
-        let mut corrupt = Vec::new();
-        for record in &committed {
-            let name = record.dir_name();
-            let restored = match Checkpoint::load(self.ledger.storage().child(&name)).await {
-                Ok(checkpoint) => self.restore.materialize(&name, &checkpoint).await,
-                Err(e @ crate::error::Error::NotACheckpoint { .. }) => {
-                    Err(RestoreFailed::Corrupt(crate::error::chain(&e)))
-                }
-                Err(e) => Err(RestoreFailed::Failed(crate::error::chain(&e))),
-            };
-            match restored {
-                Ok(path) => return Ok(Some(path)),
-                // Every rank walks the same cached results, so all settle on
-                // the same older checkpoint.
-                Err(RestoreFailed::Corrupt(message)) => {
-                    let first_time = self
-                        .damaged
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(name.clone());
-                    if first_time {
-                        tracing::error!(
-                            "checkpoint {name} of the run is damaged in storage and is skipped: {message}"
-                        );
-                    }
-                    corrupt.push(message);
-                }
-                Err(RestoreFailed::Failed(message)) => return Err(message),
-            }
-        }
-        if !committed.is_empty() {
-            return Err(format!(
-                "none of the run's {} committed checkpoints verifies: {}",
-                committed.len(),
-                corrupt.join("; ")
-            ));
-        }
-        match &self.resume_from {
-            Some(checkpoint) => match self.restore.materialize("resume_from", checkpoint).await {
-                Ok(path) => Ok(Some(path)),
-                Err(RestoreFailed::Corrupt(m) | RestoreFailed::Failed(m)) => Err(m),
-            },
-            None => Ok(None),
-        }
-    }
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("the host's thread for this rank panicked: {text}")
 }

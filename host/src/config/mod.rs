@@ -15,9 +15,10 @@ mod sync;
 
 use std::time::Duration;
 
-pub(crate) use checkpoint::Retention;
 pub use checkpoint::{CheckpointConfig, ScoreOrder};
+pub(crate) use checkpoint::{NotAScore, Retention};
 pub use failure::{FailureConfig, MaxFailures};
+pub(crate) use limits::human_bytes;
 pub use limits::{Interruption, ResourceLimits};
 pub(crate) use storage::Location;
 pub use storage::StorageOptions;

@@ -14,13 +14,36 @@ use super::capture::Capture;
 use crate::error::Error;
 
 /// Why a report's files could not be planned.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum PlanError {
     /// Ranks disagree about a file's bytes: the guest's mistake, reported to
     /// every rank; nothing was written.
-    Collision(String),
+    #[error(transparent)]
+    Collision(Collision),
     /// Local I/O failed: the run's failure.
+    #[error(transparent)]
     Failed(Error),
+}
+
+/// Ranks wrote different bytes under one path (R7).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "file {path:?} differs between ranks: {}; give each rank's file its own name (e.g. with the rank in it) or write identical bytes",
+    describe(.groups)
+)]
+pub(crate) struct Collision {
+    path: String,
+    /// What each group of ranks wrote ("8 bytes", "sha256 ..."), in the
+    /// order first seen.
+    groups: Vec<(String, Vec<u32>)>,
+}
+
+fn describe(groups: &[(String, Vec<u32>)]) -> String {
+    groups
+        .iter()
+        .map(|(what, ranks)| format!("ranks {ranks:?} wrote {what}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One file of a checkpoint to persist: where its bytes are now, and every
@@ -103,15 +126,11 @@ struct Copy<'a> {
 }
 
 fn check_identical(path: &str, copies: &[Copy<'_>]) -> Result<(), PlanError> {
-    let describe = |groups: Vec<(String, Vec<u32>)>| {
-        let parts: Vec<String> = groups
-            .into_iter()
-            .map(|(what, ranks)| format!("ranks {ranks:?} wrote {what}"))
-            .collect();
-        PlanError::Collision(format!(
-            "file {path:?} differs between ranks: {}; give each rank's file its own name (e.g. with the rank in it) or write identical bytes",
-            parts.join(", ")
-        ))
+    let describe = |groups| {
+        PlanError::Collision(Collision {
+            path: path.to_owned(),
+            groups,
+        })
     };
     let sizes = group(copies.iter().map(|c| (format!("{} bytes", c.size), c.rank)));
     if sizes.len() > 1 {

@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use crate::config::human_bytes;
+
 /// The error a rank traps with when it hits a limit; its text is the
 /// failure's message.
 #[derive(Debug)]
@@ -16,22 +18,6 @@ impl fmt::Display for LimitHit {
 }
 
 impl std::error::Error for LimitHit {}
-
-/// Bytes for people: `512 MiB`.
-pub(crate) fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 || value.fract() == 0.0 {
-        format!("{value:.0} {}", UNITS[unit])
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
 
 /// Refuses growing a rank's linear memory past the limit, trapping with a
 /// [`LimitHit`] that says so.
@@ -50,8 +36,8 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         match self.max {
             Some(max) if desired as u64 > max => Err(wasmtime::Error::new(LimitHit(format!(
                 "exceeded the memory limit of {} (it asked for {})",
-                bytes(max),
-                bytes(desired as u64)
+                human_bytes(max),
+                human_bytes(desired as u64)
             )))),
             _ => Ok(true),
         }
@@ -95,7 +81,7 @@ impl OutputBudget {
         if self.tokens < 0.0 {
             return Err(LimitHit(format!(
                 "exceeded the output limit of {}/s",
-                bytes(self.rate)
+                human_bytes(self.rate)
             )));
         }
         Ok(())
@@ -105,13 +91,6 @@ impl OutputBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_well() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(64 << 20), "64 MiB");
-        assert_eq!(bytes(1536), "1.5 KiB");
-    }
 
     #[test]
     fn the_output_budget_allows_bursts_and_refuses_floods() {

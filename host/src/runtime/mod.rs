@@ -3,6 +3,7 @@
 
 mod bindings;
 pub(crate) mod cache;
+mod guest;
 pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
@@ -16,6 +17,7 @@ use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
+pub use guest::GuestSource;
 pub(crate) use rank::{RankDirs, RankInfo, RankShared, run_rank};
 pub(crate) use sandbox::RESTORE_GUEST_PATH;
 

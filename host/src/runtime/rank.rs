@@ -1,7 +1,7 @@
 //! One rank: its store data, the WIT imports it calls, and running it.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
@@ -9,14 +9,13 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::GuestComponent;
 use super::bindings::trainhost::train::{context, session};
-use super::limits::{self, LimitHit, MemoryLimiter, OutputBudget};
+use super::limits::{LimitHit, MemoryLimiter, OutputBudget};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
-use crate::attempt::{Aborted, ReportRefused, Session};
+use crate::attempt::{Aborted, RankEnd, RankHandle, Refused};
 use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
 use crate::metrics::{MetricValue, Metrics};
-use std::sync::Mutex;
 
 /// Where a rank sits in the run.
 #[derive(Debug, Clone, Copy)]
@@ -28,7 +27,7 @@ pub(crate) struct RankInfo {
     pub node_rank: u32,
 }
 
-/// What every rank of a run shares, beyond the session.
+/// What every rank of a run shares, beyond its attempt.
 #[derive(Debug, Clone)]
 pub(crate) struct RankShared {
     pub config_json: Arc<str>,
@@ -50,13 +49,11 @@ pub(crate) struct RankState {
     info: RankInfo,
     shared: RankShared,
     sandbox: Sandbox,
-    session: Arc<Session>,
+    attempt: RankHandle,
     memory: MemoryLimiter,
-    /// How many times this rank's `report` reached the gate.
-    reports: u64,
 }
 
-/// The trap that stops a rank because the run is failing elsewhere.
+/// The trap that stops a rank because its attempt is stopping.
 #[derive(Debug)]
 struct StoppedByHost;
 
@@ -67,17 +64,6 @@ impl std::fmt::Display for StoppedByHost {
 }
 
 impl std::error::Error for StoppedByHost {}
-
-/// How a rank ended.
-#[derive(Debug)]
-pub(crate) enum RankOutcome {
-    /// `train` returned `Ok`.
-    Finished,
-    /// This rank failed; the failure is the session's if it was the first.
-    Failed,
-    /// This rank was stopped because the run failed elsewhere.
-    Stopped,
-}
 
 impl WasiView for RankState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
@@ -122,8 +108,8 @@ impl session::Host for RankState {
         checkpoint: Option<String>,
     ) -> wasmtime::Result<Result<(), session::ReportError>> {
         use session::ReportError;
-        // Refusals before the gate do not count as this rank's report: the
-        // guest may fix the call and make it again.
+        // Refusals before the ranks meet do not count as this rank's
+        // report: the guest may fix the call and make it again.
         let metrics = match Metrics::from_pairs(metrics.into_iter().map(|m| {
             let value = match m.value {
                 session::MetricValue::Integer(v) => MetricValue::Integer(v),
@@ -134,52 +120,44 @@ impl session::Host for RankState {
             (m.name, value)
         })) {
             Ok(m) => m,
-            Err(msg) => return Ok(Err(ReportError::InvalidMetrics(msg))),
+            Err(e) => return Ok(Err(ReportError::InvalidMetrics(e.to_string()))),
         };
-        if let Err(msg) = self.session.check_metrics(&metrics) {
-            return Ok(Err(ReportError::InvalidMetrics(msg)));
+        if let Err(refused) = self.attempt.check_metrics(&metrics) {
+            return Ok(Err(report_error(refused)));
         }
-        let capture = match checkpoint {
+        let dir = match &checkpoint {
             None => None,
-            Some(path) => {
-                let captured = self
-                    .sandbox
-                    .open_dir(&path)
-                    .and_then(|dir| crate::persist::capture(self.info.world_rank, dir, &path))
-                    .and_then(|c| {
-                        let total: u64 = c.files.iter().map(|(_, size)| size).sum();
-                        match self.shared.limits.max_checkpoint_bytes {
-                            Some(max) if total > max => Err(format!(
-                                "{path} holds {} in {} files, over the checkpoint limit of {}",
-                                limits::bytes(total),
-                                c.files.len(),
-                                limits::bytes(max)
-                            )),
-                            _ => Ok(c),
-                        }
-                    });
-                match captured {
-                    Ok(c) => Some(c),
-                    Err(msg) => return Ok(Err(ReportError::InvalidCheckpoint(msg))),
-                }
-            }
+            Some(path) => match self.sandbox.open_dir(path) {
+                Ok(dir) => Some((dir, path.as_str())),
+                Err(e) => return Ok(Err(ReportError::InvalidCheckpoint(e.to_string()))),
+            },
         };
-        self.reports += 1;
-        match self.session.report(self.info.world_rank, metrics, capture) {
+        match self.attempt.report(metrics, dir) {
             Ok(Ok(())) => Ok(Ok(())),
-            Ok(Err(ReportRefused::Collision(msg))) => Ok(Err(ReportError::Collision(msg))),
+            Ok(Err(refused)) => Ok(Err(report_error(refused))),
             Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
         }
     }
 
     fn preemption_requested(&mut self) -> wasmtime::Result<bool> {
-        Ok(self.session.preemption_requested(self.reports))
+        Ok(self.attempt.preemption_requested())
     }
 
     fn get_checkpoint(&mut self) -> wasmtime::Result<Option<String>> {
-        self.session
-            .get_checkpoint(self.info.world_rank)
+        self.attempt
+            .get_checkpoint()
             .map_err(|Aborted| wasmtime::Error::new(StoppedByHost))
+    }
+}
+
+/// A refused report as the guest sees it.
+fn report_error(refused: Refused) -> session::ReportError {
+    use session::ReportError;
+    let message = refused.to_string();
+    match refused {
+        Refused::Score(_) => ReportError::InvalidMetrics(message),
+        Refused::Capture(_) | Refused::TooLarge { .. } => ReportError::InvalidCheckpoint(message),
+        Refused::Collision(_) => ReportError::Collision(message),
     }
 }
 
@@ -189,22 +167,23 @@ pub(crate) struct RankDirs<'a> {
     pub restore: &'a Path,
 }
 
-/// Run one rank to completion on the calling thread.
+/// Run one rank to completion on the calling thread, and tell its attempt
+/// how it ended.
 pub(crate) fn run_rank(
     guest: &GuestComponent,
     info: RankInfo,
     shared: RankShared,
     dirs: RankDirs<'_>,
-    session: Arc<Session>,
-) -> RankOutcome {
+    attempt: RankHandle,
+) {
     let rank = info.world_rank;
-    session.touch(rank);
+    attempt.alive();
     let output_limits = Arc::new(RankOutputLimits {
         budget: Mutex::new(shared.limits.max_output_rate.map(OutputBudget::new)),
         max_line: shared.limits.max_line_bytes,
         on_line: {
-            let session = Arc::clone(&session);
-            Box::new(move || session.touch(rank))
+            let attempt = attempt.clone();
+            Box::new(move || attempt.alive())
         },
     });
     let stdout = RankStream::new(
@@ -219,24 +198,18 @@ pub(crate) fn run_rank(
         Arc::clone(&shared.output),
         output_limits,
     );
-    let outcome = match build_state(info, shared, &dirs, Arc::clone(&session), &stdout, &stderr) {
+    let end = match build_state(info, shared, &dirs, attempt.clone(), &stdout, &stderr) {
         Ok(state) => call_train(guest, state),
-        Err(message) => Err(Ended::Failed(RunFailure {
+        Err(message) => RankEnd::Failed(RunFailure {
             rank: Some(rank),
             kind: FailureKind::Trap,
             message,
-        })),
+        }),
     };
     stdout.finish();
     stderr.finish();
-    session.ended(rank);
-    match outcome {
-        Ok(reports) => {
-            session.finish(rank, reports);
-            RankOutcome::Finished
-        }
-        Err(Ended::Stopped) => RankOutcome::Stopped,
-        Err(Ended::Failed(mut failure)) => {
+    let end = match end {
+        RankEnd::Failed(mut failure) => {
             let tail = stderr.tail();
             if failure.kind == FailureKind::Trap && !tail.is_empty() {
                 failure.message = format!(
@@ -245,25 +218,18 @@ pub(crate) fn run_rank(
                     tail.join("\n  ")
                 );
             }
-            session.fail(failure);
-            RankOutcome::Failed
+            RankEnd::Failed(failure)
         }
-    }
-}
-
-/// Why `train` did not return `Ok`.
-enum Ended {
-    /// The host stopped the rank because the run failed elsewhere.
-    Stopped,
-    /// The rank itself failed.
-    Failed(RunFailure),
+        other => other,
+    };
+    attempt.end(end);
 }
 
 fn build_state(
     info: RankInfo,
     shared: RankShared,
     dirs: &RankDirs<'_>,
-    session: Arc<Session>,
+    attempt: RankHandle,
     stdout: &RankStream,
     stderr: &RankStream,
 ) -> Result<RankState, String> {
@@ -294,16 +260,15 @@ fn build_state(
         },
         shared,
         sandbox,
-        session,
-        reports: 0,
+        attempt,
     })
 }
 
-/// Instantiate and call `train`; `Ok(reports)` when it returned `Ok`.
-fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
+/// Instantiate and call `train`; how the rank ended.
+fn call_train(guest: &GuestComponent, state: RankState) -> RankEnd {
     let rank = state.info.world_rank;
     let fail = |kind, message| {
-        Ended::Failed(RunFailure {
+        RankEnd::Failed(RunFailure {
             rank: Some(rank),
             kind,
             message,
@@ -317,7 +282,7 @@ fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
     if guest.interruption().uses_epochs() {
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|ctx| {
-            Ok(if ctx.data().session.is_aborted() {
+            Ok(if ctx.data().attempt.is_stopping() {
                 UpdateDeadline::Interrupt
             } else {
                 UpdateDeadline::Continue(1)
@@ -329,28 +294,28 @@ fn call_train(guest: &GuestComponent, state: RankState) -> Result<u64, Ended> {
         .instantiate(&mut store)
         .and_then(|trainer| trainer.call_train(&mut store));
     match result {
-        Ok(Ok(())) => Ok(store.data().reports),
-        Ok(Err(message)) => Err(fail(FailureKind::GuestError, message)),
-        // Both are the host's doing: only an aborting run interrupts a
+        Ok(Ok(())) => RankEnd::Finished,
+        Ok(Err(message)) => fail(FailureKind::GuestError, message),
+        // Both are the host's doing: only a stopping attempt interrupts a
         // rank, or stops it in an import.
-        Err(e) if e.downcast_ref::<StoppedByHost>().is_some() => Err(Ended::Stopped),
+        Err(e) if e.downcast_ref::<StoppedByHost>().is_some() => RankEnd::Stopped,
         Err(e) if e.downcast_ref::<LimitHit>().is_some() => {
             let hit = e
                 .downcast_ref::<LimitHit>()
                 .map(ToString::to_string)
                 .unwrap_or_default();
-            Err(fail(FailureKind::Limit, hit))
+            fail(FailureKind::Limit, hit)
         }
         Err(e) if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) => {
-            Err(Ended::Stopped)
+            RankEnd::Stopped
         }
         Err(e) => match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
-            Some(exit) if exit.0 == 0 => Ok(store.data().reports),
-            Some(exit) => Err(fail(FailureKind::Exit, format!("exit status {}", exit.0))),
+            Some(exit) if exit.0 == 0 => RankEnd::Finished,
+            Some(exit) => fail(FailureKind::Exit, format!("exit status {}", exit.0)),
             // `{:#}`: the trap and the guest's wasm backtrace. Not `{:?}`,
             // which with RUST_BACKTRACE set also symbolizes the host's own
             // stack: noise for the user, and ~100 ms on every failure.
-            None => Err(fail(FailureKind::Trap, format!("{e:#}"))),
+            None => fail(FailureKind::Trap, format!("{e:#}")),
         },
     }
 }

@@ -1,0 +1,148 @@
+//! What a rank may do with its attempt: the runtime's only view of it.
+
+use std::sync::Arc;
+
+use cap_std::fs::Dir;
+
+use super::{Aborted, Shared};
+use crate::config::{NotAScore, human_bytes};
+use crate::failure::RunFailure;
+use crate::metrics::Metrics;
+use crate::persist::{CaptureError, Collision, capture};
+
+/// A report the guest gets back as an error; the run goes on, and a
+/// refusal before the ranks meet does not count as the rank's report.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    /// The score attribute is not a number (R17).
+    #[error(transparent)]
+    Score(#[from] NotAScore),
+    /// The checkpoint directory holds something a checkpoint may not.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// The checkpoint is over the size limit.
+    #[error("{path} holds {} in {files} files, over the checkpoint limit of {}", human_bytes(*.bytes), human_bytes(*.limit))]
+    TooLarge {
+        path: String,
+        bytes: u64,
+        files: usize,
+        limit: u64,
+    },
+    /// Ranks wrote different bytes under one path (R7).
+    #[error(transparent)]
+    Collision(#[from] Collision),
+}
+
+/// How a rank ended.
+#[derive(Debug)]
+pub(crate) enum RankEnd {
+    /// `train` returned `Ok` (or the guest exited with status 0).
+    Finished,
+    /// The rank failed; the attempt fails with it if it is the first.
+    Failed(RunFailure),
+    /// The rank was stopped because the attempt is stopping.
+    Stopped,
+}
+
+/// One rank's handle on its attempt. Cheap to clone; every clone speaks for
+/// the same rank.
+#[derive(Debug, Clone)]
+pub(crate) struct RankHandle {
+    rank: u32,
+    attempt: Arc<Shared>,
+}
+
+impl RankHandle {
+    pub(super) fn new(rank: u32, attempt: Arc<Shared>) -> Self {
+        Self { rank, attempt }
+    }
+
+    /// The rank's index in the run.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The rank showed a sign of life (an output line, say).
+    pub fn alive(&self) {
+        self.attempt.supervisor.alive(self.rank);
+    }
+
+    /// Whether the rank must stop now. Cheap: read on every epoch tick.
+    pub fn is_stopping(&self) -> bool {
+        self.attempt.supervisor.is_stopping()
+    }
+
+    /// Refuse metrics the run cannot rank (R17), before anything else of a
+    /// report is looked at.
+    pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), Refused> {
+        Ok(self.attempt.ledger.retention().check_metrics(metrics)?)
+    }
+
+    /// The rank's part of the next collective report (R6): `checkpoint` is
+    /// the directory the guest named, opened inside its sandbox, and the
+    /// path as the guest wrote it. Returns once the report is recorded (or
+    /// committed, in the blocking mode), with a refusal the guest sees, or
+    /// `Aborted` if the attempt is stopping.
+    pub fn report(
+        &self,
+        metrics: Metrics,
+        checkpoint: Option<(Dir, &str)>,
+    ) -> Result<Result<(), Refused>, Aborted> {
+        let capture = match checkpoint {
+            None => None,
+            Some((dir, shown)) => match self.capture(dir, shown) {
+                Ok(capture) => Some(capture),
+                Err(refused) => return Ok(Err(refused)),
+            },
+        };
+        self.attempt.supervisor.count_report(self.rank);
+        Ok(self
+            .attempt
+            .report(self.rank, metrics, capture)?
+            .map_err(Refused::from))
+    }
+
+    fn capture(&self, dir: Dir, shown: &str) -> Result<crate::persist::Capture, Refused> {
+        let captured = capture(self.rank, dir, shown)?;
+        let bytes: u64 = captured.files.iter().map(|(_, size)| size).sum();
+        match self.attempt.limits.max_checkpoint_bytes {
+            Some(limit) if bytes > limit => Err(Refused::TooLarge {
+                path: shown.to_owned(),
+                bytes,
+                files: captured.files.len(),
+                limit,
+            }),
+            _ => Ok(captured),
+        }
+    }
+
+    /// Whether the rank sees preemption requested: the same answer on
+    /// every rank after the same report.
+    pub fn preemption_requested(&self) -> bool {
+        let reports = self.attempt.supervisor.reports(self.rank);
+        self.attempt.preemption_requested(reports)
+    }
+
+    /// The guest path of the checkpoint to resume from (R21), or `Aborted`
+    /// if it cannot be restored (the attempt fails) or the attempt is
+    /// stopping.
+    pub fn get_checkpoint(&self) -> Result<Option<String>, Aborted> {
+        self.attempt.get_checkpoint(self.rank)
+    }
+
+    /// The rank ended, as `how` says.
+    pub fn end(self, how: RankEnd) {
+        let attempt = &self.attempt;
+        attempt.supervisor.ended(self.rank);
+        match how {
+            RankEnd::Finished => {
+                let reports = attempt.supervisor.reports(self.rank);
+                if let Err(violation) = attempt.gate.finish(self.rank as usize, reports) {
+                    attempt.fail_protocol(violation);
+                }
+            }
+            RankEnd::Failed(failure) => attempt.fail(failure),
+            RankEnd::Stopped => {}
+        }
+    }
+}

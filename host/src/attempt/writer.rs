@@ -1,0 +1,164 @@
+//! The task that writes an attempt's reports to storage, one at a time in
+//! report order: each checkpoint committed before the history lines after
+//! it are stored (R9, R11, R12).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::time::Instant;
+
+use super::queue::{Job, Message, RecordFailed, Shared};
+use crate::ledger::{Committed, Ledger};
+
+/// While reports keep coming, the history is stored at most this often in
+/// the background mode (and at once before a commit, at a flush and at
+/// the end). Each write stores the whole file, so a loop reporting
+/// thousands of times a second would otherwise keep the writer rewriting
+/// it, taking a core from the ranks. A report after a quiet spell is
+/// stored at once.
+const HISTORY_INTERVAL: Duration = Duration::from_millis(50);
+
+/// The writing task: reports in order, each checkpoint committed before the
+/// history lines after it are stored.
+pub(super) async fn write_reports(
+    ledger: Arc<Ledger>,
+    world_size: u32,
+    mut rx: mpsc::Receiver<Message>,
+    shared: Arc<Shared>,
+) {
+    let mut writer = Writer {
+        ledger,
+        world_size,
+        shared,
+        written_at: None,
+    };
+    loop {
+        let message = match rx.try_recv() {
+            Ok(message) => message,
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
+                // Nothing waiting: store the lines so far in one write,
+                // once the interval since the last write has passed.
+                if writer.shared.unwritten.load(Ordering::Acquire)
+                    && let Some(due) = writer.written_at.map(|at| at + HISTORY_INTERVAL)
+                    && let Ok(received) = tokio::time::timeout_at(due, rx.recv()).await
+                {
+                    match received {
+                        Some(message) => message,
+                        None => {
+                            let _ = writer.write_history().await;
+                            return;
+                        }
+                    }
+                } else {
+                    let _ = writer.write_history().await;
+                    match rx.recv().await {
+                        Some(message) => message,
+                        None => return,
+                    }
+                }
+            }
+        };
+        match message {
+            Message::Flush(tx) => {
+                let _ = writer.write_history().await;
+                let _ = tx.send(());
+            }
+            Message::Unwritten => {}
+            Message::Report(mut job) => {
+                let done = job.done.take();
+                let result = writer.write(job, done.is_some()).await;
+                writer.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                if let Some(done) = done {
+                    let _ = done.send(result);
+                }
+            }
+        }
+    }
+}
+
+/// The writing task's state.
+struct Writer {
+    ledger: Arc<Ledger>,
+    world_size: u32,
+    shared: Arc<Shared>,
+    /// When the history was last stored.
+    written_at: Option<Instant>,
+}
+
+impl Writer {
+    /// Keep the first failure; nothing is written after it.
+    fn fail(&self, e: crate::error::Error) -> RecordFailed {
+        self.shared.fail(e.into())
+    }
+
+    /// Store the history if lines are waiting.
+    async fn write_history(&mut self) -> Result<(), RecordFailed> {
+        if let Some(failed) = self.shared.failure() {
+            return Err(failed);
+        }
+        if self.shared.unwritten.swap(false, Ordering::AcqRel) {
+            self.written_at = Some(Instant::now());
+            if let Err(e) = self.ledger.write_history().await {
+                return Err(self.fail(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Commit the job's checkpoint, if any, and append the report to the
+    /// history; with `store_history` (the blocking mode, where `report`
+    /// waits for this) store the history too.
+    async fn write(&mut self, job: Job, store_history: bool) -> Result<(), RecordFailed> {
+        if let Some(failed) = self.shared.failure() {
+            return Err(failed);
+        }
+        let mut committed = None;
+        if let Some(mut pending) = job.checkpoint {
+            // Lines of earlier reports go first (R9): a host killed during
+            // the commit must not lose them.
+            self.write_history().await?;
+            let result = match pending.uploaded.take() {
+                Some(uploaded) => {
+                    self.ledger
+                        .commit_uploaded(
+                            job.report_index,
+                            pending.index,
+                            &job.metrics,
+                            &pending.plan.ranks,
+                            self.world_size,
+                            uploaded,
+                        )
+                        .await
+                }
+                None => {
+                    self.ledger
+                        .commit(
+                            job.report_index,
+                            pending.index,
+                            &job.metrics,
+                            &pending.plan,
+                            self.world_size,
+                        )
+                        .await
+                }
+            };
+            let Committed { stats, dropped } = result.map_err(|e| self.fail(e))?;
+            tracing::debug!(checkpoint = pending.index, ?stats, "persisted");
+            self.ledger
+                .delete_dropped(&dropped)
+                .await
+                .map_err(|e| self.fail(e))?;
+            committed = Some(pending.index);
+        }
+        self.ledger
+            .append_report(job.report_index, job.metrics, committed);
+        self.shared.unwritten.store(true, Ordering::Release);
+        if store_history {
+            self.write_history().await?;
+        }
+        Ok(())
+    }
+}
