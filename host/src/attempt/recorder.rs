@@ -34,7 +34,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::queue::{Job, Message, Pending, RecordFailed, Shared};
-use super::writer::write_reports;
+use super::writer::{delete_dropped, write_reports};
 use crate::ledger::{Assigned, Ledger};
 use crate::metrics::Metrics;
 use crate::persist::{self, Capture, Collision, PlanError, merge};
@@ -56,6 +56,8 @@ pub(crate) struct Recorder {
     /// What the recorder and the writing task share.
     shared: Arc<Shared>,
     worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The task deleting what retention drops.
+    deleter: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Recorder {
@@ -70,10 +72,17 @@ impl Recorder {
         let (queue, rx) = mpsc::channel(QUEUE);
         ledger.restart_numbering();
         let shared = Arc::new(Shared::default());
+        let (dropped, dropped_rx) = mpsc::unbounded_channel();
+        let deleter = handle.spawn(delete_dropped(
+            Arc::clone(&ledger),
+            dropped_rx,
+            Arc::clone(&shared),
+        ));
         let worker = handle.spawn(write_reports(
             Arc::clone(&ledger),
             world_size,
             rx,
+            dropped,
             Arc::clone(&shared),
         ));
         Self {
@@ -84,6 +93,7 @@ impl Recorder {
             slot: Arc::new(Semaphore::new(1)),
             shared,
             worker: Mutex::new(Some(worker)),
+            deleter: Mutex::new(Some(deleter)),
         }
     }
 
@@ -228,7 +238,12 @@ impl Recorder {
             worker.abort();
             let _ = self.handle.block_on(worker);
         }
-        result
+        // The writer is gone, and with it the deleter's queue: the deleter
+        // ends once it has deleted what it was given.
+        if let Some(deleter) = lock(&self.deleter).take() {
+            let _ = self.handle.block_on(deleter);
+        }
+        result.and_then(|()| self.failure().map_or(Ok(()), Err))
     }
 
     /// Why a task that is gone stopped.
@@ -286,5 +301,98 @@ mod tests {
             assert_eq!(lines.len() as u64, report + 1, "report {report}");
         }
         recorder.finish().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use std::sync::mpsc as std_mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Retention;
+    use crate::ledger::LedgerOptions;
+    use crate::storage::Storage;
+
+    fn capture(rank: u32, dir: &std::path::Path, bytes: &[u8]) -> Capture {
+        std::fs::write(dir.join("w.bin"), bytes).unwrap();
+        let handle = cap_std::fs::Dir::open_ambient_dir(dir, cap_std::ambient_authority()).unwrap();
+        persist::capture(rank, handle, "ckpt").unwrap()
+    }
+
+    /// Deleting what retention drops never holds a guest: with every delete
+    /// held back, checkpoints keep being reported and committed in both
+    /// modes; the deletions happen before the attempt ends.
+    #[test]
+    fn reports_do_not_wait_for_retention_to_delete() {
+        for background in [true, false] {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            let store = Arc::new(crate::storage::held::HeldDeletes::default());
+            let gate = Arc::clone(&store.gate);
+            let storage = Storage::from_store(store, "held://").child("run");
+            let ledger = Arc::new(
+                rt.block_on(Ledger::open(
+                    storage.clone(),
+                    LedgerOptions {
+                        run_name: "run",
+                        config_fingerprint: "f",
+                        world_size: 1,
+                        retention: Retention {
+                            num_to_keep: Some(1),
+                            ..Retention::default()
+                        },
+                        fresh: false,
+                    },
+                    rt.handle().clone(),
+                ))
+                .unwrap(),
+            );
+            let work = tempfile::tempdir().unwrap();
+            let snapshots = background.then(|| work.path().join("snapshots"));
+            let recorder = Arc::new(Recorder::start(
+                Arc::clone(&ledger),
+                1,
+                snapshots,
+                rt.handle().clone(),
+            ));
+            let (tx, rx) = std_mpsc::channel();
+            let reporting = {
+                let recorder = Arc::clone(&recorder);
+                let dir = work.path().join("ckpt");
+                std::fs::create_dir(&dir).unwrap();
+                std::thread::spawn(move || {
+                    for i in 0..4u8 {
+                        let c = capture(0, &dir, &[i; 64]);
+                        recorder.record(Metrics::new(), vec![c]).unwrap().unwrap();
+                        tx.send(i).unwrap();
+                    }
+                    recorder.flush().unwrap();
+                })
+            };
+            for i in 0..4u8 {
+                let got = rx.recv_timeout(Duration::from_secs(20));
+                assert_eq!(
+                    got,
+                    Ok(i),
+                    "report {i} waited for a deletion (background: {background})"
+                );
+            }
+            reporting.join().unwrap();
+            assert_eq!(ledger.newest_first().len(), 1, "the run state keeps one");
+            let dirs = rt
+                .block_on(crate::record::checkpoint_dirs(&storage))
+                .unwrap();
+            assert_eq!(dirs.len(), 4, "nothing deleted while deletes are held");
+            gate.add_permits(1000);
+            recorder.finish().unwrap();
+            let dirs = rt
+                .block_on(crate::record::checkpoint_dirs(&storage))
+                .unwrap();
+            assert_eq!(
+                dirs,
+                [(3, "checkpoint_000003".to_owned())],
+                "deleted by the end"
+            );
+        }
     }
 }

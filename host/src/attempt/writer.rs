@@ -1,6 +1,10 @@
-//! The task that writes an attempt's reports to storage, one at a time in
-//! report order: each checkpoint committed before the history lines after
-//! it are stored (R9, R11, R12).
+//! The tasks that write an attempt's reports to storage. One writes reports
+//! one at a time in report order: each checkpoint committed before the
+//! history lines after it are stored (R9, R11, R12). Another deletes what
+//! retention drops (R18), so that neither the next commit nor a guest
+//! waiting in `report` waits on deletions: the run state no longer names a
+//! dropped checkpoint when it is handed over, so a host killed before the
+//! deletion leaves a directory the next open removes.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,6 +16,7 @@ use tokio::time::Instant;
 
 use super::queue::{Job, Message, RecordFailed, Shared};
 use crate::ledger::{Committed, Ledger};
+use crate::record::CheckpointRecord;
 
 /// While reports keep coming, the history is stored at most this often in
 /// the background mode (and at once before a commit, at a flush and at
@@ -27,11 +32,13 @@ pub(super) async fn write_reports(
     ledger: Arc<Ledger>,
     world_size: u32,
     mut rx: mpsc::Receiver<Message>,
+    dropped: mpsc::UnboundedSender<Vec<CheckpointRecord>>,
     shared: Arc<Shared>,
 ) {
     let mut writer = Writer {
         ledger,
         world_size,
+        dropped,
         shared,
         written_at: None,
     };
@@ -83,6 +90,8 @@ pub(super) async fn write_reports(
 struct Writer {
     ledger: Arc<Ledger>,
     world_size: u32,
+    /// Where dropped checkpoints go to be deleted.
+    dropped: mpsc::UnboundedSender<Vec<CheckpointRecord>>,
     shared: Arc<Shared>,
     /// When the history was last stored.
     written_at: Option<Instant>,
@@ -147,10 +156,10 @@ impl Writer {
             };
             let Committed { stats, dropped } = result.map_err(|e| self.fail(e))?;
             tracing::debug!(checkpoint = pending.index, ?stats, "persisted");
-            self.ledger
-                .delete_dropped(&dropped)
-                .await
-                .map_err(|e| self.fail(e))?;
+            // The deleter ends only after this task, so it is there.
+            if !dropped.is_empty() {
+                let _ = self.dropped.send(dropped);
+            }
             committed = Some(pending.index);
         }
         self.ledger
@@ -160,5 +169,22 @@ impl Writer {
             self.write_history().await?;
         }
         Ok(())
+    }
+}
+
+/// The deleting task: checkpoints retention dropped, in the order they
+/// were dropped, until the writing task is gone. A failure fails the
+/// attempt like any storage failure; what is left is removed when the run
+/// is opened next.
+pub(super) async fn delete_dropped(
+    ledger: Arc<Ledger>,
+    mut rx: mpsc::UnboundedReceiver<Vec<CheckpointRecord>>,
+    shared: Arc<Shared>,
+) {
+    while let Some(dropped) = rx.recv().await {
+        if let Err(e) = ledger.delete_dropped(&dropped).await {
+            shared.fail(e.into());
+            return;
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! Committing a checkpoint (steps 1-3 of the ledger's order) and deleting
-//! what retention drops (step 4).
+//! what retention drops (step 5).
 
 use std::sync::Arc;
 
@@ -142,7 +142,7 @@ impl Ledger {
         Ok(dropped)
     }
 
-    /// Delete checkpoints [`Ledger::commit_uploaded`] dropped (step 4). The
+    /// Delete checkpoints [`Ledger::commit_uploaded`] dropped (step 5). The
     /// run state no longer names them, so this may run while later reports
     /// are committed.
     pub async fn delete_dropped(&self, dropped: &[CheckpointRecord]) -> Result<(), Error> {

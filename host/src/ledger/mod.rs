@@ -6,13 +6,14 @@
 //! 1. the checkpoint's files, made durable ([`Storage::sync_uploads`]);
 //! 2. its manifest (the commit);
 //! 3. the run state, naming the new checkpoint and the retained ones;
-//! 4. deletions by retention, each manifest first;
-//! 5. the metrics history.
+//! 4. the metrics history;
+//! 5. deletions by retention, each manifest first.
 //!
-//! Steps 1-3 are [`Ledger::upload`] and [`Ledger::commit_uploaded`]; step 4
-//! is [`Ledger::delete_dropped`], which the caller runs after the commit
-//! returns, so that nothing waits on deletions. Opening an existing run
-//! repairs what a killed host can leave behind (`open.rs`).
+//! Steps 1-3 are [`Ledger::upload`] and [`Ledger::commit_uploaded`]. Step
+//! 5 is [`Ledger::delete_dropped`], which the caller runs after the commit
+//! returned, beside later reports, so that nothing waits on deletions: from
+//! step 3 on the run state no longer names what is deleted. Opening an
+//! existing run repairs what a killed host can leave behind (`open.rs`).
 //!
 //! The ledger also owns the run's numbering: the index the next report and
 //! the next checkpoint get ([`Ledger::assign`]).

@@ -23,6 +23,8 @@ use crate::config::{Location, StorageOptions};
 use crate::error::Error;
 
 mod backends;
+#[cfg(test)]
+pub(crate) mod held;
 mod local;
 mod progress;
 
@@ -74,6 +76,19 @@ impl Storage {
                     progress: options.progress,
                 })
             }
+        }
+    }
+
+    /// The root of `store`, named `url` (for tests that put a store of
+    /// their own behind a location).
+    #[cfg(test)]
+    pub(crate) fn from_store(store: Arc<dyn ObjectStore>, url: &str) -> Self {
+        Self {
+            store,
+            local: None,
+            root: ObjectPath::default(),
+            url: url.to_owned(),
+            progress: false,
         }
     }
 
