@@ -1,6 +1,6 @@
-//! Entry points for the benchmark suite (`tools/bench`): the host's own
-//! code paths, run on their own so they can be timed against a baseline.
-//! Not part of the public API.
+//! Entry points for the benchmark suite (`tools/bench`, the `bench`
+//! feature): the host's own code paths, run on their own so they can be
+//! timed against a baseline. Not part of the public API.
 
 use std::path::Path;
 

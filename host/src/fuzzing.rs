@@ -1,13 +1,18 @@
-//! Entry points for the fuzz targets in `fuzz/`: each feeds untrusted bytes
-//! to one of the parsers that read storage or guest input, and checks the
-//! invariant it promises. Not part of the public API.
+//! Entry points for the fuzz targets in `fuzz/` (the `fuzzing` feature):
+//! each feeds untrusted bytes to one of the parsers that read storage or
+//! guest input, and checks the invariant it promises. Not part of the
+//! public API.
 
+#[cfg(unix)]
 use std::os::unix::fs::MetadataExt;
+#[cfg(unix)]
 use std::path::PathBuf;
+#[cfg(unix)]
 use std::sync::OnceLock;
 
 use crate::metrics::{MetricValue, Metrics};
 use crate::record::Manifest;
+#[cfg(unix)]
 use crate::runtime::sandbox::{SCRATCH_GUEST_PATH, Sandbox};
 
 /// A manifest from storage: parsing never panics; one that parses has only
@@ -75,13 +80,16 @@ fn pad8(bytes: &[u8]) -> [u8; 8] {
 }
 
 /// A sandbox over a fixed tree with links that try to lead out, and the
-/// inodes of every directory inside it.
+/// inodes of every directory inside it (symbolic links and inodes make it
+/// Unix only).
+#[cfg(unix)]
 struct Tree {
     _root: tempfile::TempDir,
     sandbox: Sandbox,
     inside: Vec<u64>,
 }
 
+#[cfg(unix)]
 fn tree() -> &'static Tree {
     static TREE: OnceLock<Tree> = OnceLock::new();
     TREE.get_or_init(|| {
@@ -117,6 +125,7 @@ fn tree() -> &'static Tree {
 
 /// A guest's checkpoint path: resolving never panics, and a directory it
 /// opens is always one inside the sandbox.
+#[cfg(unix)]
 pub fn guest_path(data: &[u8]) {
     let path = String::from_utf8_lossy(data);
     let t = tree();

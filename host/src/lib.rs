@@ -39,12 +39,14 @@
 #![deny(missing_docs)]
 
 mod attempt;
+#[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod bench;
 mod checkpoint;
 mod config;
 mod error;
 mod failure;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod ledger;

@@ -1,15 +1,18 @@
-//! The `trainhost` command line: a thin layer over the library.
+//! `trainhost run`: the flags of a run, mapped onto the library's
+//! settings, and the signals that ask a run to stop.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use trainhost::{
     CheckpointConfig, FailureConfig, Interruption, MaxFailures, Preemption, ResourceLimits,
-    RunConfig, ScalingConfig, StorageOptions, SyncConfig, Trainer,
+    RunConfig, ScalingConfig, SyncConfig, Trainer,
 };
+
+use crate::args::{StorageFlags, parse_duration, parse_size};
 
 /// `--interrupt`'s values.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -20,31 +23,8 @@ enum InterruptAt {
     HostCalls,
 }
 
-/// Run training loops compiled to WebAssembly components as sandboxed
-/// ranks, with checkpoints persisted, verified and restored by the host.
-#[derive(Parser, Debug)]
-#[command(name = "trainhost", version, about, long_about = None)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Run a guest component as N ranks and persist what it reports.
-    ///
-    /// Each rank gets a private scratch directory (its /scratch and
-    /// $TMPDIR), the run's config, and the trainhost imports. Reported
-    /// checkpoints are committed to <STORAGE>/<NAME>/checkpoint_NNNNNN.
-    /// Running again with the same --storage and --name continues the run.
-    Run(Box<RunArgs>),
-    /// List a run's retained checkpoints, best first, with their metrics;
-    /// the latest is marked with `*`.
-    Checkpoints(CheckpointsArgs),
-}
-
 #[derive(Args, Debug)]
-struct RunArgs {
+pub struct RunArgs {
     /// The guest: a WebAssembly component built for wasm32-wasip2 against
     /// the trainhost-guest SDK (or wit/trainhost.wit).
     guest: PathBuf,
@@ -231,143 +211,7 @@ struct RunArgs {
     /// No progress bars and no informational logs (warnings and errors
     /// still show; RUST_LOG overrides).
     #[arg(short, long)]
-    quiet: bool,
-}
-
-/// How to reach an object store.
-#[derive(Args, Debug)]
-struct StorageFlags {
-    /// A setting for the object store, repeatable: object_store's keys for
-    /// the URL's scheme, e.g. aws_endpoint=http://127.0.0.1:9000,
-    /// aws_region=eu-west-1, google_service_account=key.json,
-    /// azure_storage_account_name=acct, allow_http=true. The environment
-    /// (AWS_*, GOOGLE_*, AZURE_*) is read first; these win.
-    /// instance_metadata=true allows credentials from the cloud's metadata
-    /// service.
-    #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = parse_key_value, help_heading = "Storage")]
-    storage_options: Vec<(String, String)>,
-
-    /// How many times a failed storage request is retried, with backoff.
-    #[arg(long, value_name = "N", default_value_t = 10, help_heading = "Storage")]
-    storage_retries: usize,
-
-    /// How long a storage request keeps being retried in all.
-    #[arg(long, value_name = "DURATION", default_value = "3m", value_parser = parse_duration, help_heading = "Storage")]
-    storage_retry_timeout: Duration,
-
-    /// How long one storage request may take.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, help_heading = "Storage")]
-    storage_timeout: Duration,
-}
-
-impl StorageFlags {
-    fn options(&self, progress: bool) -> StorageOptions {
-        StorageOptions {
-            options: self.storage_options.clone(),
-            max_retries: self.storage_retries,
-            retry_timeout: self.storage_retry_timeout,
-            request_timeout: self.storage_timeout,
-            progress,
-            ..StorageOptions::default()
-        }
-    }
-}
-
-fn parse_key_value(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
-    }
-}
-
-#[derive(Args, Debug)]
-struct CheckpointsArgs {
-    /// The run: its name under --storage, or its directory or URL.
-    run: String,
-
-    /// Where runs are stored, when RUN is a name.
-    #[arg(short, long, value_name = "URL|DIR", default_value = trainhost::DEFAULT_STORAGE)]
-    storage: String,
-
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-
-    #[command(flatten)]
-    storage_flags: StorageFlags,
-}
-
-/// A size such as `4096`, `64KiB`, `512MiB`, `2GiB` (K, M, G and KB, MB,
-/// GB are read as binary units too).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size; write e.g. 4096, 64KiB, 512MiB or 2GiB"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => {
-            return Err(format!(
-                "unknown size unit {other:?} in {s:?}; use KiB, MiB or GiB"
-            ));
-        }
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 90s, 30m, 2h)"))
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let quiet = matches!(&cli.command, Command::Run(args) if args.quiet);
-    let default_level = if quiet { "warn" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
-    let outcome = match cli.command {
-        Command::Run(args) => run(*args),
-        Command::Checkpoints(args) => checkpoints(args),
-    };
-    match outcome {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// The error and its causes, `: `-separated, leaving out a cause whose
-/// text an outer message already carries (object_store's messages include
-/// their sources).
-fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
+    pub quiet: bool,
 }
 
 fn read_config(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
@@ -385,7 +229,7 @@ fn read_config(arg: Option<&str>) -> anyhow::Result<serde_json::Value> {
     serde_json::from_str(&text).with_context(|| format!("{origin} is not valid JSON"))
 }
 
-fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let config = read_config(args.config.as_deref())?;
     let mut builder = Trainer::builder(args.guest.as_path())
         .train_loop_config(config)
@@ -518,87 +362,9 @@ fn forward_signals(preemption: Preemption) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
-    // A run name is a plain directory name: anything with a separator is
-    // the run's own location.
-    let location = if args.run.contains('/') {
-        args.run.clone()
-    } else {
-        RunConfig {
-            name: Some(args.run.clone()),
-            storage_path: args.storage.clone(),
-            ..RunConfig::default()
-        }
-        .run_location()?
-    };
-    let list =
-        trainhost::committed_checkpoints_with(&location, &args.storage_flags.options(false))?;
-    let latest = list.iter().map(trainhost::Checkpoint::index).max();
-    if args.json {
-        let json: Vec<_> = list
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "index": c.index(),
-                    "latest": Some(c.index()) == latest,
-                    "path": c.location(),
-                    "metrics": c.metrics(),
-                    "files": c.manifest().files.len(),
-                    "bytes": c.manifest().total_bytes(),
-                    "committed_at": c.manifest().committed_at,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&json)?);
-        return Ok(ExitCode::SUCCESS);
-    }
-    if list.is_empty() {
-        println!("{location}: no committed checkpoints");
-        return Ok(ExitCode::SUCCESS);
-    }
-    println!("best first; * marks the latest");
-    println!(
-        "  {:<18} {:>6} {:>12}  {:<20}  metrics",
-        "checkpoint", "files", "bytes", "committed"
-    );
-    for c in &list {
-        let name = c.location().rsplit('/').next().unwrap_or_default();
-        let mark = if Some(c.index()) == latest { '*' } else { ' ' };
-        println!(
-            "{mark} {:<18} {:>6} {:>12}  {:<20}  {}",
-            name,
-            c.manifest().files.len(),
-            c.manifest().total_bytes(),
-            c.manifest().committed_at,
-            c.metrics()
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn sizes_parse_with_binary_units() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
-        assert!(parse_size("lots").unwrap_err().contains("not a size"));
-        assert!(
-            parse_size("5 parsecs")
-                .unwrap_err()
-                .contains("unknown size unit")
-        );
-    }
-
-    #[test]
-    fn cli_definition_is_consistent() {
-        Cli::command().debug_assert();
-    }
 
     #[test]
     fn config_accepts_inline_json_and_files_and_names_bad_input() {

@@ -1,0 +1,89 @@
+//! The `trainhost` command line: a thin layer over the library. Each
+//! subcommand maps its flags onto the library's settings (`run.rs`,
+//! `checkpoints.rs`); the library checks them.
+
+mod args;
+mod checkpoints;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run training loops compiled to WebAssembly components as sandboxed
+/// ranks, with checkpoints persisted, verified and restored by the host.
+#[derive(Parser, Debug)]
+#[command(name = "trainhost", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a guest component as N ranks and persist what it reports.
+    ///
+    /// Each rank gets a private scratch directory (its /scratch and
+    /// $TMPDIR), the run's config, and the trainhost imports. Reported
+    /// checkpoints are committed to <STORAGE>/<NAME>/checkpoint_NNNNNN.
+    /// Running again with the same --storage and --name continues the run.
+    Run(Box<run::RunArgs>),
+    /// List a run's retained checkpoints, best first, with their metrics;
+    /// the latest is marked with `*`.
+    Checkpoints(checkpoints::CheckpointsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let quiet = matches!(&cli.command, Command::Run(args) if args.quiet);
+    let default_level = if quiet { "warn" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .init();
+    let outcome = match cli.command {
+        Command::Run(args) => run::run(*args),
+        Command::Checkpoints(args) => checkpoints::checkpoints(args),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", error_chain(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The error and its causes, `: `-separated, leaving out a cause whose
+/// text an outer message already carries (object_store's messages include
+/// their sources).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
