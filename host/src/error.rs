@@ -70,7 +70,8 @@ pub enum Error {
         /// Where the checkpoint was looked for.
         location: String,
         /// Why it does not count.
-        reason: String,
+        #[source]
+        reason: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// A checkpoint's files do not match its manifest.
@@ -89,12 +90,19 @@ pub enum Error {
         /// The run's storage path.
         run: String,
         /// Why, and what to do.
-        reason: String,
+        #[source]
+        reason: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The WebAssembly engine failed outside any guest's code.
-    #[error("wasm runtime: {0}")]
-    Runtime(String),
+    #[error("wasm runtime: cannot {operation}")]
+    Engine {
+        /// What trainhost was doing.
+        operation: &'static str,
+        /// The engine's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     /// [`crate::Trainer::fit`] blocks; it was called from inside an async
     /// runtime, where blocking would stall other tasks.
@@ -105,14 +113,43 @@ pub enum Error {
 }
 
 /// `e` and its sources, `: `-separated, for messages that cross into a
-/// guest or a [`crate::failure::RunFailure`], where the source chain would be lost.
+/// guest or a [`crate::RunFailure`], where the source chain would be lost.
+/// A source whose text a message before it already carries is left out:
+/// some errors (object_store's, [`Error::NotACheckpoint`]) say their
+/// source in their own message too.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
+        let text = inner.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
         source = inner.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_says_each_cause_once() {
+        let e = Error::Io {
+            path: "/x".into(),
+            operation: "write a file",
+            source: std::io::Error::other("disk on fire"),
+        };
+        assert_eq!(chain(&e), "/x: cannot write a file: disk on fire");
+        let e = Error::NotACheckpoint {
+            location: "/c".into(),
+            reason: "it has no manifest".into(),
+        };
+        assert_eq!(
+            chain(&e),
+            "/c is not a committed checkpoint: it has no manifest"
+        );
+    }
 }

@@ -70,7 +70,7 @@ pub use config::{
 };
 pub use error::Error;
 pub use failure::{FailureKind, RunFailure};
-pub use metrics::{MetricValue, Metrics};
+pub use metrics::{InvalidMetrics, MetricValue, Metrics};
 pub use preemption::Preemption;
 pub use record::{CheckpointRecord, FileEntry, Manifest, ReportRecord};
 pub use result::TrainResult;

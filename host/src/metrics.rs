@@ -110,6 +110,57 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// The longest text metric value, in bytes.
 pub const MAX_TEXT_BYTES: usize = 4096;
 
+/// Why metrics were refused by [`Metrics::from_pairs`]; a guest sees the
+/// message.
+///
+/// ```
+/// use trainhost::{InvalidMetrics, MetricValue, Metrics};
+/// let twice = [("loss".to_owned(), MetricValue::Float(1.0)), ("loss".to_owned(), MetricValue::Float(2.0))];
+/// assert!(matches!(Metrics::from_pairs(twice), Err(InvalidMetrics::Repeated { .. })));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidMetrics {
+    /// More metrics than one report may carry.
+    #[error("a report may carry at most {MAX_METRICS} metrics; keep large data in the checkpoint")]
+    TooMany,
+    /// A name longer than a metric name may be.
+    #[error(
+        "metric name {start:?}... is {bytes} bytes long; names may be at most {MAX_NAME_BYTES} bytes"
+    )]
+    NameTooLong {
+        /// The name's first 32 characters.
+        start: String,
+        /// Its length.
+        bytes: usize,
+    },
+    /// A text value longer than a metric text may be.
+    #[error(
+        "metric {name:?} is a text of {bytes} bytes; texts may be at most {MAX_TEXT_BYTES} bytes"
+    )]
+    TextTooLong {
+        /// The metric.
+        name: String,
+        /// The text's length.
+        bytes: usize,
+    },
+    /// An empty name.
+    #[error("a metric has an empty name")]
+    EmptyName,
+    /// A name with an empty part between `/` separators.
+    #[error("metric name {name:?} has an empty part between '/' separators")]
+    EmptyPart {
+        /// The name.
+        name: String,
+    },
+    /// A name given twice.
+    #[error("metric {name:?} is given twice")]
+    Repeated {
+        /// The name.
+        name: String,
+    },
+}
+
 /// Metrics of one report, by name. Nested names use `/` (`eval/loss`).
 ///
 /// ```
@@ -160,40 +211,36 @@ impl Metrics {
     /// many metrics (they would bloat every manifest and history line).
     pub fn from_pairs(
         pairs: impl IntoIterator<Item = (String, MetricValue)>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, InvalidMetrics> {
         let mut out = BTreeMap::new();
         for (name, value) in pairs {
             if out.len() == MAX_METRICS {
-                return Err(format!(
-                    "a report may carry at most {MAX_METRICS} metrics; keep large data in the checkpoint"
-                ));
+                return Err(InvalidMetrics::TooMany);
             }
             if name.len() > MAX_NAME_BYTES {
-                return Err(format!(
-                    "metric name {:?}... is {} bytes long; names may be at most {MAX_NAME_BYTES} bytes",
-                    name.chars().take(32).collect::<String>(),
-                    name.len()
-                ));
+                return Err(InvalidMetrics::NameTooLong {
+                    start: name.chars().take(32).collect(),
+                    bytes: name.len(),
+                });
             }
             if let MetricValue::Text(text) = &value
                 && text.len() > MAX_TEXT_BYTES
             {
-                return Err(format!(
-                    "metric {name:?} is a text of {} bytes; texts may be at most {MAX_TEXT_BYTES} bytes",
-                    text.len()
-                ));
+                return Err(InvalidMetrics::TextTooLong {
+                    bytes: text.len(),
+                    name,
+                });
             }
             if name.is_empty() {
-                return Err("a metric has an empty name".into());
+                return Err(InvalidMetrics::EmptyName);
             }
             if name.split('/').any(str::is_empty) {
-                return Err(format!(
-                    "metric name {name:?} has an empty part between '/' separators"
-                ));
+                return Err(InvalidMetrics::EmptyPart { name });
             }
-            if out.insert(name.clone(), value).is_some() {
-                return Err(format!("metric {name:?} is given twice"));
+            if out.contains_key(&name) {
+                return Err(InvalidMetrics::Repeated { name });
             }
+            out.insert(name, value);
         }
         Ok(Metrics(out))
     }
@@ -280,18 +327,21 @@ mod tests {
         assert!(
             Metrics::from_pairs(many)
                 .unwrap_err()
+                .to_string()
                 .contains("at most 1024 metrics")
         );
         let long = "n".repeat(MAX_NAME_BYTES + 1);
         assert!(
             Metrics::from_pairs([(long, MetricValue::Integer(1))])
                 .unwrap_err()
+                .to_string()
                 .contains("at most 256 bytes")
         );
         let text = MetricValue::Text("t".repeat(MAX_TEXT_BYTES + 1));
         assert!(
             Metrics::from_pairs([("t".into(), text)])
                 .unwrap_err()
+                .to_string()
                 .contains("texts may be at most")
         );
     }

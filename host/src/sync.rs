@@ -28,15 +28,32 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Why a sync did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SyncFailed {
+    #[error("cannot run `sh -c {line}`: {source}")]
+    Spawn {
+        line: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sync command `{line}` failed ({status}): {output}")]
+    Status {
+        line: String,
+        status: std::process::ExitStatus,
+        /// What it printed, stdout then stderr.
+        output: String,
+    },
+}
+
 /// Run the command once; the error carries its status and output.
-fn run_once(config: &SyncConfig, source: &str, target: &str) -> Result<(), String> {
+fn run_once(config: &SyncConfig, source: &str, target: &str) -> Result<(), SyncFailed> {
     let line = render(config, source, target);
     let started = Instant::now();
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(&line)
-        .output()
-        .map_err(|e| format!("cannot run `sh -c {line}`: {e}"))?;
+    let out = match Command::new("sh").arg("-c").arg(&line).output() {
+        Ok(out) => out,
+        Err(source) => return Err(SyncFailed::Spawn { line, source }),
+    };
     if out.status.success() {
         tracing::info!(elapsed = ?started.elapsed(), "synced: {line}");
         return Ok(());
@@ -46,10 +63,11 @@ fn run_once(config: &SyncConfig, source: &str, target: &str) -> Result<(), Strin
     if !stdout.is_empty() {
         output = format!("{stdout}\n{output}");
     }
-    Err(format!(
-        "sync command `{line}` failed ({}): {output}",
-        out.status
-    ))
+    Err(SyncFailed::Status {
+        line,
+        status: out.status,
+        output,
+    })
 }
 
 /// Restore `local` from `<target>/<run>` when it does not exist yet.
@@ -129,7 +147,7 @@ impl Syncer {
 
     /// Stop the thread and sync once more; the error, if that final sync
     /// failed.
-    pub fn finish(mut self) -> Result<(), String> {
+    pub fn finish(mut self) -> Result<(), SyncFailed> {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -159,7 +177,7 @@ mod tests {
     #[test]
     fn a_failing_command_reports_its_output() {
         let c = config("echo to-stdout; echo to-stderr >&2; exit 3 # {source} {target}");
-        let err = run_once(&c, "/s", "/t").unwrap_err();
+        let err = run_once(&c, "/s", "/t").unwrap_err().to_string();
         assert!(err.contains("exit status: 3"), "{err}");
         assert!(
             err.contains("to-stdout") && err.contains("to-stderr"),

@@ -8,8 +8,29 @@ use tokio::runtime::Handle;
 use super::{Inner, Ledger, Numbering};
 use crate::config::Retention;
 use crate::error::Error;
-use crate::record::{self, CheckpointRecord, History, RunState, layout};
+use crate::record::layout::{self, FORMAT, RUN_STATE};
+use crate::record::{self, CheckpointRecord, History, HistoryError, RunState};
 use crate::storage::Storage;
+
+/// Why a run in storage cannot be continued as asked.
+#[derive(Debug, thiserror::Error)]
+enum Conflict {
+    #[error(
+        "it holds {} but no {RUN_STATE} (left by an interrupted start-fresh, or the state was deleted); choose another run name, or start fresh (which deletes them)",
+        .0.join(", ")
+    )]
+    Leftovers(Vec<String>),
+    #[error("{RUN_STATE} is unreadable ({0}); choose another run name, or start fresh")]
+    Unreadable(#[source] serde_json::Error),
+    #[error("it was written in format {0}, this trainhost reads format {FORMAT}")]
+    Format(u32),
+    #[error(
+        "it exists with a different config; resume it with the same config, choose another run name, or start fresh (which deletes it)"
+    )]
+    ConfigChanged,
+    #[error(transparent)]
+    History(#[from] HistoryError),
+}
 
 /// How to open a run.
 #[derive(Debug)]
@@ -30,9 +51,9 @@ impl Ledger {
         options: LedgerOptions<'_>,
         handle: Handle,
     ) -> Result<Self, Error> {
-        let conflict = |reason: String| Error::RunConflict {
+        let conflict = |reason: Conflict| Error::RunConflict {
             run: storage.url().to_owned(),
-            reason,
+            reason: Box::new(reason),
         };
         let mut existing = storage.get(layout::RUN_STATE).await?;
         // A new run writes its state before anything else, so files of a
@@ -49,32 +70,18 @@ impl Ledger {
             storage.delete_all("").await?;
             existing = None;
         } else if !leftovers.is_empty() {
-            return Err(conflict(format!(
-                "it holds {} but no {} (left by an interrupted start-fresh, or the state was deleted); choose another run name, or start fresh (which deletes them)",
-                leftovers.join(", "),
-                layout::RUN_STATE
-            )));
+            return Err(conflict(Conflict::Leftovers(leftovers)));
         }
         let resuming = existing.is_some();
         let mut state = match existing {
             Some(bytes) => {
-                let state: RunState = serde_json::from_slice(&bytes).map_err(|e| {
-                    conflict(format!(
-                        "{} is unreadable ({e}); choose another run name, or start fresh",
-                        layout::RUN_STATE
-                    ))
-                })?;
-                if state.format != layout::FORMAT {
-                    return Err(conflict(format!(
-                        "it was written in format {}, this trainhost reads format {}",
-                        state.format,
-                        layout::FORMAT
-                    )));
+                let state: RunState = serde_json::from_slice(&bytes)
+                    .map_err(|e| conflict(Conflict::Unreadable(e)))?;
+                if state.format != FORMAT {
+                    return Err(conflict(Conflict::Format(state.format)));
                 }
                 if state.config_fingerprint != options.config_fingerprint {
-                    return Err(conflict(
-                        "it exists with a different config; resume it with the same config, choose another run name, or start fresh (which deletes it)".into(),
-                    ));
+                    return Err(conflict(Conflict::ConfigChanged));
                 }
                 state
             }
@@ -98,7 +105,7 @@ impl Ledger {
             .await?
             .map(|b| b.to_vec())
             .unwrap_or_default();
-        let history = History::parse(stored).map_err(conflict)?;
+        let history = History::parse(stored).map_err(|e| conflict(e.into()))?;
         // The history is written after the state, so a host killed between
         // the two leaves the state one report ahead; the larger count wins.
         state.reports = state.reports.max(history.next_report_index());

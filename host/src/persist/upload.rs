@@ -112,7 +112,11 @@ async fn persist_file(
         let (dir, path) = (Arc::clone(&file.source), file.path.clone());
         let digest = tokio::task::spawn_blocking(move || sha256_of(&dir, &path))
             .await
-            .map_err(|e| Error::Runtime(format!("hashing a checkpoint file: {e}")))??;
+            .map_err(|e| Error::Io {
+                path: file.path.clone().into(),
+                operation: "hash a checkpoint file",
+                source: std::io::Error::other(e),
+            })??;
         if let Some(same) = candidates.iter().find(|c| c.sha256 == digest) {
             dest.copy_from(&previous.storage, &same.path, &file.path)
                 .await?;

@@ -29,6 +29,17 @@ pub struct ReportRecord {
     pub time: String,
 }
 
+/// A line of a stored history that is not a report, before the last line.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{HISTORY} line {line} is unreadable ({source}); choose another run name or repair the file"
+)]
+pub(crate) struct HistoryError {
+    line: usize,
+    #[source]
+    source: serde_json::Error,
+}
+
 /// The history in memory, with the file's bytes kept beside the records
 /// so that each report appends one line instead of re-serializing all of
 /// them.
@@ -40,7 +51,7 @@ pub(crate) struct History {
 
 impl History {
     /// The history stored as `bytes`.
-    pub fn parse(mut bytes: Vec<u8>) -> Result<Self, String> {
+    pub fn parse(mut bytes: Vec<u8>) -> Result<Self, HistoryError> {
         let (records, whole) = parse_lines(&bytes)?;
         bytes.truncate(whole);
         if bytes.last().is_some_and(|b| *b != b'\n') {
@@ -85,12 +96,13 @@ impl History {
 /// The records of a stored history. A host killed while writing may leave
 /// a torn last line (stores that write whole objects never do); it is
 /// dropped. Any other unreadable line is an error.
-pub(crate) fn parse_history(bytes: &[u8]) -> Result<Vec<ReportRecord>, String> {
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn parse_history(bytes: &[u8]) -> Result<Vec<ReportRecord>, HistoryError> {
     parse_lines(bytes).map(|(records, _)| records)
 }
 
 /// The records, and how many bytes of `bytes` hold whole records.
-fn parse_lines(bytes: &[u8]) -> Result<(Vec<ReportRecord>, usize), String> {
+fn parse_lines(bytes: &[u8]) -> Result<(Vec<ReportRecord>, usize), HistoryError> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut number = 0;
@@ -105,10 +117,11 @@ fn parse_lines(bytes: &[u8]) -> Result<(Vec<ReportRecord>, usize), String> {
             match serde_json::from_slice(line) {
                 Ok(record) => out.push(record),
                 Err(_) if end == bytes.len() => return Ok((out, start)),
-                Err(e) => {
-                    return Err(format!(
-                        "{HISTORY} line {number} is unreadable ({e}); choose another run name or repair the file"
-                    ));
+                Err(source) => {
+                    return Err(HistoryError {
+                        line: number,
+                        source,
+                    });
                 }
             }
         }
@@ -137,7 +150,9 @@ mod tests {
 
     #[test]
     fn an_unreadable_line_before_the_last_is_an_error() {
-        let err = parse_history(b"{}\n{\"report_index\":1}\n").unwrap_err();
+        let err = parse_history(b"{}\n{\"report_index\":1}\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 1 is unreadable"), "{err}");
     }
 }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::FORMAT;
+use super::layout::{FORMAT, MANIFEST};
 use crate::metrics::Metrics;
 
 /// One file of a checkpoint, as its [`Manifest`] lists it.
@@ -53,16 +53,27 @@ pub struct Manifest {
     pub committed_at: String,
 }
 
+/// Why stored bytes are not a manifest this trainhost can trust: the
+/// checkpoint does not count as committed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ManifestError {
+    #[error("it has no {MANIFEST}")]
+    Missing,
+    #[error("unreadable manifest: {0}")]
+    Unreadable(#[source] serde_json::Error),
+    #[error("manifest format {found} is not supported (this trainhost reads format {FORMAT})")]
+    Format { found: u32 },
+    #[error("its manifest lists the unsafe path {0:?}")]
+    UnsafePath(String),
+}
+
 impl Manifest {
-    /// Parse a manifest, refusing other format versions.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, String> {
-        let m: Manifest =
-            serde_json::from_slice(bytes).map_err(|e| format!("unreadable manifest: {e}"))?;
+    /// Parse a manifest, refusing other format versions. (Its paths are
+    /// checked apart, by [`check_relative_path`].)
+    pub(crate) fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        let m: Manifest = serde_json::from_slice(bytes).map_err(ManifestError::Unreadable)?;
         if m.format != FORMAT {
-            return Err(format!(
-                "manifest format {} is not supported (this trainhost reads format {FORMAT})",
-                m.format
-            ));
+            return Err(ManifestError::Format { found: m.format });
         }
         Ok(m)
     }
@@ -75,7 +86,7 @@ impl Manifest {
 
 /// A manifest's file path must stay inside the checkpoint: relative,
 /// `/`-separated, no empty, `.` or `..` parts. Storage is not trusted.
-pub(crate) fn check_relative_path(path: &str) -> Result<(), String> {
+pub(crate) fn check_relative_path(path: &str) -> Result<(), ManifestError> {
     let bad = path.is_empty()
         || path.starts_with('/')
         || path.contains('\0')
@@ -83,7 +94,7 @@ pub(crate) fn check_relative_path(path: &str) -> Result<(), String> {
             .split('/')
             .any(|p| p.is_empty() || p == "." || p == "..");
     if bad {
-        Err(format!("its manifest lists the unsafe path {path:?}"))
+        Err(ManifestError::UnsafePath(path.to_owned()))
     } else {
         Ok(())
     }
@@ -107,7 +118,9 @@ mod tests {
             files: vec![],
             committed_at: now_rfc3339(),
         };
-        let err = Manifest::from_json(&serde_json::to_vec(&m).unwrap()).unwrap_err();
+        let err = Manifest::from_json(&serde_json::to_vec(&m).unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("format 99"), "{err}");
     }
 

@@ -14,7 +14,10 @@ pub(crate) mod ranking;
 pub(crate) mod state;
 
 pub use history::ReportRecord;
-pub(crate) use history::{History, parse_history};
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use history::parse_history;
+pub(crate) use history::{History, HistoryError};
+use manifest::ManifestError;
 pub use manifest::{FileEntry, Manifest};
 pub use state::CheckpointRecord;
 pub(crate) use state::{RunState, parse_run_state};
@@ -39,14 +42,14 @@ pub(crate) async fn checkpoint_dirs(storage: &Storage) -> Result<Vec<(u64, Strin
 /// parse, and list only paths inside the checkpoint, or the directory is
 /// not a committed checkpoint.
 pub(crate) async fn read_manifest(storage: &Storage) -> Result<Manifest, Error> {
-    let not_committed = |reason: String| Error::NotACheckpoint {
+    let not_committed = |reason: ManifestError| Error::NotACheckpoint {
         location: storage.url().to_owned(),
-        reason,
+        reason: Box::new(reason),
     };
     let bytes = storage
         .get(layout::MANIFEST)
         .await?
-        .ok_or_else(|| not_committed(format!("it has no {}", layout::MANIFEST)))?;
+        .ok_or_else(|| not_committed(ManifestError::Missing))?;
     let manifest = Manifest::from_json(&bytes).map_err(not_committed)?;
     for f in &manifest.files {
         manifest::check_relative_path(&f.path).map_err(not_committed)?;

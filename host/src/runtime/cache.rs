@@ -103,19 +103,30 @@ impl CompileCache {
     }
 }
 
-fn load(engine: &Engine, data: &[u8]) -> Result<Component, String> {
+/// Why a cache entry is not used; it is compiled again and replaced.
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    #[error("entry is truncated")]
+    Truncated,
+    #[error("entry is damaged: its checksum does not match")]
+    Damaged,
+    #[error("{0:#}")]
+    Refused(wasmtime::Error),
+}
+
+fn load(engine: &Engine, data: &[u8]) -> Result<Component, Unusable> {
     let Some(split) = data.len().checked_sub(DIGEST_LEN) else {
-        return Err("entry is truncated".into());
+        return Err(Unusable::Truncated);
     };
     let (artefact, digest) = data.split_at(split);
     if Sha256::digest(artefact).as_slice() != digest {
-        return Err("entry is damaged: its checksum does not match".into());
+        return Err(Unusable::Damaged);
     }
     // SAFETY: the bytes were produced by `Component::serialize` of a
     // wasmtime whose version and settings are part of the entry's name
     // (and wasmtime checks both again), and the checksum rules out damage.
     // What remains is the documented trust in the cache directory itself.
-    unsafe { Component::deserialize(engine, artefact) }.map_err(|e| format!("{e:#}"))
+    unsafe { Component::deserialize(engine, artefact) }.map_err(Unusable::Refused)
 }
 
 fn store(dir: &Path, entry: &Path, component: &Component) -> std::io::Result<()> {

@@ -60,12 +60,18 @@ impl GuestComponent {
             message,
             source: source.map(|e| e.into_boxed_dyn_error()),
         };
-        check_header(bytes).map_err(|m| guest_err(m, None))?;
+        check_header(bytes).map_err(|m| guest_err(m.to_owned(), None))?;
         let mut config = Config::new();
         // Part of the engine's compatibility hash, so the compile cache
         // keeps code compiled with and without the checks apart.
         config.epoch_interruption(interruption.uses_epochs());
-        let engine = Engine::new(&config).map_err(|e| Error::Runtime(format!("{e:#}")))?;
+        let engine_err = |operation| {
+            move |e: wasmtime::Error| Error::Engine {
+                operation,
+                source: e.into_boxed_dyn_error(),
+            }
+        };
+        let engine = Engine::new(&config).map_err(engine_err("configure the engine"))?;
         let compile = || {
             Component::new(&engine, bytes)
                 .map_err(|e| guest_err("is not a valid WebAssembly component".into(), Some(e)))
@@ -79,9 +85,9 @@ impl GuestComponent {
         };
         let mut linker = Linker::<RankState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| Error::Runtime(format!("{e:#}")))?;
+            .map_err(engine_err("link the WASI imports"))?;
         Trainer::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
-            .map_err(|e| Error::Runtime(format!("{e:#}")))?;
+            .map_err(engine_err("link trainhost's imports"))?;
         if let Some(message) = describe_mismatch(&engine, &component) {
             return Err(guest_err(message, None));
         }
@@ -169,14 +175,18 @@ fn describe_mismatch(engine: &Engine, component: &Component) -> Option<String> {
 
 /// Tell a core module or garbage apart from a component before compiling,
 /// so the error says what to do.
-fn check_header(bytes: &[u8]) -> Result<(), String> {
+fn check_header(bytes: &[u8]) -> Result<(), &'static str> {
     const MAGIC: &[u8] = b"\0asm";
     if bytes.len() < 8 || &bytes[..4] != MAGIC {
-        return Err("is not WebAssembly (no \\0asm header); pass the .wasm file cargo built for wasm32-wasip2".into());
+        return Err(
+            "is not WebAssembly (no \\0asm header); pass the .wasm file cargo built for wasm32-wasip2",
+        );
     }
     // Core modules have layer 0 in bytes 6..8; components layer 1.
     if bytes[6..8] == [0, 0] {
-        return Err("is a core WebAssembly module, not a component; build it for the wasm32-wasip2 target (which produces a component) or wrap it with `wasm-tools component new`".into());
+        return Err(
+            "is a core WebAssembly module, not a component; build it for the wasm32-wasip2 target (which produces a component) or wrap it with `wasm-tools component new`",
+        );
     }
     Ok(())
 }

@@ -53,6 +53,15 @@ pub(crate) struct RankState {
     memory: MemoryLimiter,
 }
 
+/// A rank's sandbox could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot preopen the {what} directory: {source}")]
+struct PreopenFailed {
+    what: &'static str,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
 /// The trap that stops a rank because its attempt is stopping.
 #[derive(Debug)]
 struct StoppedByHost;
@@ -200,10 +209,10 @@ pub(crate) fn run_rank(
     );
     let end = match build_state(info, shared, &dirs, attempt.clone(), &stdout, &stderr) {
         Ok(state) => call_train(guest, state),
-        Err(message) => RankEnd::Failed(RunFailure {
+        Err(e) => RankEnd::Failed(RunFailure {
             rank: Some(rank),
             kind: FailureKind::Trap,
-            message,
+            message: e.to_string(),
         }),
     };
     stdout.finish();
@@ -232,25 +241,35 @@ fn build_state(
     attempt: RankHandle,
     stdout: &RankStream,
     stderr: &RankStream,
-) -> Result<RankState, String> {
+) -> Result<RankState, PreopenFailed> {
     let mut wasi = WasiCtxBuilder::new();
     wasi.stdout(stdout.clone())
         .stderr(stderr.clone())
         .env("TMPDIR", SCRATCH_GUEST_PATH)
         .env("HOME", SCRATCH_GUEST_PATH);
-    let mount_err =
-        |what: &str, e: &dyn std::fmt::Display| format!("cannot preopen the {what} directory: {e}");
+    let preopen = |what| {
+        move |e: wasmtime::Error| PreopenFailed {
+            what,
+            source: e.into_boxed_dyn_error(),
+        }
+    };
+    let mount = |what| {
+        move |e: std::io::Error| PreopenFailed {
+            what,
+            source: Box::new(e),
+        }
+    };
     wasi.preopened_dir(dirs.scratch, SCRATCH_GUEST_PATH, FsPerms::ReadWrite)
-        .map_err(|e| mount_err("scratch", &e))?;
+        .map_err(preopen("scratch"))?;
     wasi.preopened_dir(dirs.restore, RESTORE_GUEST_PATH, FsPerms::ReadOnly)
-        .map_err(|e| mount_err("restore", &e))?;
+        .map_err(preopen("restore"))?;
     let mut sandbox = Sandbox::new(SCRATCH_GUEST_PATH);
     sandbox
         .mount(SCRATCH_GUEST_PATH, dirs.scratch)
-        .map_err(|e| mount_err("scratch", &e))?;
+        .map_err(mount("scratch"))?;
     sandbox
         .mount(RESTORE_GUEST_PATH, dirs.restore)
-        .map_err(|e| mount_err("restore", &e))?;
+        .map_err(mount("restore"))?;
     Ok(RankState {
         wasi: wasi.build(),
         table: ResourceTable::new(),

@@ -70,52 +70,77 @@ impl Sandbox {
 
     /// Open the directory a guest names, or say why not in words the guest
     /// author can act on.
-    pub fn open_dir(&self, guest_path: &str) -> Result<Dir, String> {
+    pub fn open_dir(&self, guest_path: &str) -> Result<Dir, PathError> {
+        let path = guest_path.to_owned();
         if guest_path.is_empty() {
-            return Err("the checkpoint path is empty".into());
+            return Err(PathError::Empty);
         }
         if guest_path.contains('\0') {
-            return Err(format!(
-                "checkpoint path {guest_path:?} contains a NUL byte"
-            ));
+            return Err(PathError::Nul(path));
         }
         let mut parts = components(guest_path);
         if parts.iter().any(|p| p == "..") {
-            return Err(format!(
-                "checkpoint path {guest_path:?} contains '..'; name the directory without climbing"
-            ));
+            return Err(PathError::Climbs(path));
         }
         if !guest_path.starts_with('/') {
             let mut full = self.cwd.clone();
             full.append(&mut parts);
             parts = full;
         }
-        let mount = self
+        let Some(mount) = self
             .mounts
             .iter()
             .filter(|m| parts.starts_with(&m.guest))
             .max_by_key(|m| m.guest.len())
-            .ok_or_else(|| {
-                format!(
-                    "checkpoint path {guest_path:?} is outside the sandbox; write checkpoints below {SCRATCH_GUEST_PATH}"
-                )
-            })?;
+        else {
+            return Err(PathError::Outside(path));
+        };
         let rest = &parts[mount.guest.len()..];
         if rest.is_empty() {
             return mount
                 .dir
                 .try_clone()
-                .map_err(|e| format!("cannot open {guest_path:?}: {e}"));
+                .map_err(|source| PathError::Io { path, source });
         }
-        mount.dir.open_dir(rest.join("/")).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("checkpoint directory {guest_path:?} does not exist"),
-            std::io::ErrorKind::NotADirectory => format!("checkpoint path {guest_path:?} is not a directory"),
-            _ if e.to_string().contains("outside of the filesystem") => format!(
-                "checkpoint path {guest_path:?} leads outside the sandbox through a symbolic link"
-            ),
-            _ => format!("cannot open checkpoint directory {guest_path:?}: {e}"),
-        })
+        mount
+            .dir
+            .open_dir(rest.join("/"))
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::NotFound => PathError::Missing(path),
+                std::io::ErrorKind::NotADirectory => PathError::NotADirectory(path),
+                _ if source.to_string().contains("outside of the filesystem") => {
+                    PathError::EscapingLink(path)
+                }
+                _ => PathError::Io { path, source },
+            })
     }
+}
+
+/// Why the directory a guest named cannot be opened; the guest sees it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PathError {
+    #[error("the checkpoint path is empty")]
+    Empty,
+    #[error("checkpoint path {0:?} contains a NUL byte")]
+    Nul(String),
+    #[error("checkpoint path {0:?} contains '..'; name the directory without climbing")]
+    Climbs(String),
+    #[error(
+        "checkpoint path {0:?} is outside the sandbox; write checkpoints below {SCRATCH_GUEST_PATH}"
+    )]
+    Outside(String),
+    #[error("checkpoint directory {0:?} does not exist")]
+    Missing(String),
+    #[error("checkpoint path {0:?} is not a directory")]
+    NotADirectory(String),
+    #[error("checkpoint path {0:?} leads outside the sandbox through a symbolic link")]
+    EscapingLink(String),
+    #[error("cannot open checkpoint directory {path:?}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 #[cfg(test)]
@@ -167,7 +192,7 @@ mod tests {
             ("", "empty"),
         ];
         for (path, expected) in cases {
-            let err = sb.open_dir(path).unwrap_err();
+            let err = sb.open_dir(path).unwrap_err().to_string();
             assert!(err.contains(expected), "{path}: {err}");
         }
     }

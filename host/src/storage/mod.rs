@@ -282,7 +282,11 @@ impl Storage {
         };
         tokio::task::spawn_blocking(move || local::sync_file_system(&dir))
             .await
-            .map_err(|e| Error::Runtime(format!("syncing {}: {e}", self.url)))?
+            .map_err(|e| Error::Io {
+                path: self.url.clone().into(),
+                operation: "sync the file system",
+                source: std::io::Error::other(e),
+            })?
     }
 
     /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256
@@ -310,7 +314,11 @@ impl Storage {
                 local::write_file(file, &shown, &target, size, known_sha256, &meter)
             })
             .await
-            .map_err(|e| Error::Runtime(format!("writing {relative}: {e}")))?;
+            .map_err(|e| Error::Io {
+                path: relative.into(),
+                operation: "write a checkpoint file",
+                source: std::io::Error::other(e),
+            })?;
         }
         let mut file = tokio::fs::File::from_std(file);
         let mut hasher = FileDigest::new(known_sha256);
