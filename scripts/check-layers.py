@@ -50,7 +50,7 @@ NARROW = {
 }
 
 REFERENCE = re.compile(r"\bcrate::(\w+)((?:::\{[^}]*\}|::\w+)*)")
-SIBLING = re.compile(r"\bsuper::(\w+)")
+SIBLING = re.compile(r"\bsuper::(\w+|\{[^}]*\})")
 
 
 def module_of(path: Path) -> str:
@@ -79,13 +79,22 @@ def names(tail: str) -> set[str]:
     return found
 
 
+def sibling_names(text: str) -> set[str]:
+    """The first path part of every `super::a` and `super::{a, b::c}`."""
+    found = set()
+    for part in SIBLING.findall(text):
+        items = part.strip("{}").split(",") if part.startswith("{") else [part]
+        found.update(i.strip().split("::")[0] for i in items if i.strip())
+    return found
+
+
 def sibling_cycles() -> list[str]:
     """Circles among the files of one directory module (mod.rs aside)."""
     found = []
     for directory in sorted(p for p in SRC.rglob("*") if p.is_dir()):
         files = {f.stem: f for f in directory.glob("*.rs") if f.stem != "mod"}
         uses = {
-            name: {s for s in SIBLING.findall(code(f.read_text())) if s in files and s != name}
+            name: {s for s in sibling_names(code(f.read_text())) if s in files and s != name}
             for name, f in files.items()
         }
         state: dict[str, int] = {}

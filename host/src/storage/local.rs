@@ -17,7 +17,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::path::Path;
 
-use super::{FileDigest, Meter, check_size};
+use super::Meter;
+use super::digest::{FileDigest, check_size};
 use crate::error::Error;
 
 /// Read buffer per file being written.

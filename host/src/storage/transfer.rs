@@ -1,0 +1,188 @@
+//! Moving checkpoint files in and out of storage: streamed, with a running
+//! SHA-256 that the manifest records, in bounded memory whatever a file's
+//! size; and making local writes durable.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::digest::{FileDigest, check_size};
+use super::{Meter, Storage, local};
+use crate::error::Error;
+
+/// Files up to this size go up in one request; larger ones as multipart
+/// uploads of parts this size. Memory per file in flight is bounded by
+/// `PART_SIZE * MAX_PARTS_IN_FLIGHT`, whatever the file's size.
+const PART_SIZE: usize = 8 * 1024 * 1024;
+const MAX_PARTS_IN_FLIGHT: usize = 4;
+
+impl Storage {
+    /// Make the files [`Storage::upload_file`] wrote durable: they survive
+    /// a power loss once this returns. A manifest must not be written
+    /// before (R11). Object stores and `object_store`'s own local writes
+    /// are durable when their call returns, so this only acts on local
+    /// storage, whose checkpoint files are written directly and left to
+    /// the page cache until one sync of the whole file system, far cheaper
+    /// than a sync per file for checkpoints of many files.
+    pub async fn sync_uploads(&self) -> Result<(), Error> {
+        let Some(dir) = self.local_path().map(Path::to_path_buf) else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || local::sync_file_system(&dir))
+            .await
+            .map_err(|e| Error::Io {
+                path: self.url.clone().into(),
+                operation: "sync the file system",
+                source: std::io::Error::other(e),
+            })?
+    }
+
+    /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256
+    /// (`known_sha256` when the caller already hashed it).
+    ///
+    /// Small files go up in one request; large ones as a multipart upload
+    /// whose parts are sent concurrently. Memory use is bounded whatever the
+    /// file's size. Fails if the file does not hold exactly `size` bytes
+    /// (it changed while being read).
+    pub async fn upload_file(
+        &self,
+        relative: &str,
+        file: std::fs::File,
+        size: u64,
+        known_sha256: Option<String>,
+        meter: &Meter,
+    ) -> Result<String, Error> {
+        let location = self.object_path(relative);
+        if let Some(local) = &self.local {
+            let target = local
+                .path_to_filesystem(&location)
+                .map_err(|e| self.error(format!("upload {relative}"), e))?;
+            let (shown, meter) = (relative.to_owned(), meter.clone());
+            return tokio::task::spawn_blocking(move || {
+                local::write_file(file, &shown, &target, size, known_sha256, &meter)
+            })
+            .await
+            .map_err(|e| Error::Io {
+                path: relative.into(),
+                operation: "write a checkpoint file",
+                source: std::io::Error::other(e),
+            })?;
+        }
+        let mut file = tokio::fs::File::from_std(file);
+        let mut hasher = FileDigest::new(known_sha256);
+        let mut read = 0u64;
+        let io_err = |source: std::io::Error| Error::Io {
+            path: relative.into(),
+            operation: "read a checkpoint file",
+            source,
+        };
+        if size <= PART_SIZE as u64 {
+            let mut buf = Vec::with_capacity(size as usize);
+            (&mut file)
+                .take(size + 1)
+                .read_to_end(&mut buf)
+                .await
+                .map_err(io_err)?;
+            read = buf.len() as u64;
+            check_size(relative, size, read)?;
+            hasher.update(&buf);
+            self.store
+                .put(&location, PutPayload::from(buf))
+                .await
+                .map_err(|e| self.error(format!("upload {relative}"), e))?;
+            meter.inc(read);
+        } else {
+            let upload = self
+                .store
+                .put_multipart(&location)
+                .await
+                .map_err(|e| self.error(format!("start multipart upload of {relative}"), e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let mut buf = vec![0u8; PART_SIZE];
+            loop {
+                let n = match file.read(&mut buf).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = writer.abort().await;
+                        return Err(io_err(e));
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                read += n as u64;
+                hasher.update(&buf[..n]);
+                if let Err(e) = writer.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
+                    return Err(self.error(format!("upload {relative}"), e));
+                }
+                writer.write(&buf[..n]);
+                meter.inc(n as u64);
+            }
+            if let Err(e) = check_size(relative, size, read) {
+                let _ = writer.abort().await;
+                return Err(e);
+            }
+            writer
+                .finish()
+                .await
+                .map_err(|e| self.error(format!("finish upload of {relative}"), e))?;
+        }
+        Ok(hasher.finish())
+    }
+
+    /// Stream the object at `relative` into `out`, returning the number of
+    /// bytes and their SHA-256. `shown` names `out` in errors.
+    pub async fn download_to(
+        &self,
+        relative: &str,
+        mut out: tokio::fs::File,
+        shown: &Path,
+        meter: &Meter,
+    ) -> Result<(u64, String), Error> {
+        let io_err = |source| Error::Io {
+            path: shown.to_path_buf(),
+            operation: "write a restored checkpoint file",
+            source,
+        };
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut stream = self.get_stream(relative).await?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.error(format!("download {relative}"), e))?;
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+            meter.inc(chunk.len() as u64);
+            out.write_all(&chunk).await.map_err(io_err)?;
+        }
+        out.flush().await.map_err(io_err)?;
+        Ok((size, hex::encode(hasher.finalize())))
+    }
+
+    /// The size and SHA-256 of the object at `relative`, read as a stream.
+    pub async fn digest(&self, relative: &str) -> Result<(u64, String), Error> {
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut stream = self.get_stream(relative).await?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.error(format!("read {relative}"), e))?;
+            hasher.update(&chunk);
+            size += chunk.len() as u64;
+        }
+        Ok((size, hex::encode(hasher.finalize())))
+    }
+
+    async fn get_stream(
+        &self,
+        relative: &str,
+    ) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>, Error> {
+        self.store
+            .get(&self.object_path(relative))
+            .await
+            .map(|r| r.into_stream())
+            .map_err(|e| self.error(format!("read {relative}"), e))
+    }
+}
