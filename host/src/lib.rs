@@ -36,6 +36,13 @@
 //!
 //! The behaviour promised, rule by rule, is in the repository's
 //! `SEMANTICS` rules cited throughout as R1..R26.
+//!
+//! # Features
+//!
+//! - `cli` (default): the `trainhost` command line. An embedder depends on
+//!   the library with `default-features = false`.
+//! - `bench`, `fuzzing`: entry points for the repository's benchmark suite
+//!   and fuzz targets; not a public API.
 #![deny(missing_docs)]
 
 mod attempt;
