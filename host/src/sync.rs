@@ -161,11 +161,7 @@ mod tests {
     use super::*;
 
     fn config(command: &str) -> SyncConfig {
-        SyncConfig {
-            command: command.into(),
-            target: "/remote".into(),
-            period: crate::config::DEFAULT_SYNC_PERIOD,
-        }
+        SyncConfig::for_test(command)
     }
 
     #[test]

@@ -76,7 +76,7 @@ pub(super) async fn write_reports(
             Message::Unwritten => {}
             Message::Report(mut job) => {
                 let done = job.done.take();
-                let result = writer.write(job, done.is_some()).await;
+                let result = writer.write(job).await;
                 writer.shared.queued.fetch_sub(1, Ordering::AcqRel);
                 if let Some(done) = done {
                     let _ = done.send(result);
@@ -118,9 +118,8 @@ impl Writer {
     }
 
     /// Commit the job's checkpoint, if any, and append the report to the
-    /// history; with `store_history` (the blocking mode, where `report`
-    /// waits for this) store the history too.
-    async fn write(&mut self, job: Job, store_history: bool) -> Result<(), RecordFailed> {
+    /// history in memory; the loop stores it.
+    async fn write(&mut self, job: Job) -> Result<(), RecordFailed> {
         if let Some(failed) = self.shared.failure() {
             return Err(failed);
         }
@@ -165,9 +164,6 @@ impl Writer {
         self.ledger
             .append_report(job.report_index, job.metrics, committed);
         self.shared.unwritten.store(true, Ordering::Release);
-        if store_history {
-            self.write_history().await?;
-        }
         Ok(())
     }
 }

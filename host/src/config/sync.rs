@@ -66,15 +66,23 @@ impl SyncConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(command: &str) -> SyncConfig {
-        SyncConfig {
+impl SyncConfig {
+    /// `command` syncing to `/remote` (for tests).
+    pub(crate) fn for_test(command: &str) -> Self {
+        Self {
             command: command.into(),
             target: "/remote".into(),
             period: DEFAULT_SYNC_PERIOD,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(command: &str) -> SyncConfig {
+        SyncConfig::for_test(command)
     }
 
     #[test]
