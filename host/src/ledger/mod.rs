@@ -96,7 +96,8 @@ impl Ledger {
         &self.storage
     }
 
-    /// The retention policy.
+    /// The retention policy (the one owner of it while the run goes on;
+    /// the run state stores it when written).
     pub fn retention(&self) -> &Retention {
         &self.retention
     }
@@ -168,6 +169,9 @@ impl Ledger {
     async fn write_state(&self) -> Result<(), Error> {
         let json = {
             let mut inner = self.lock();
+            // The ledger's policy is the run's: a resumed run may change it
+            // (the new one rules), and the state records it for listings.
+            inner.state.retention = self.retention.clone();
             inner.state.updated_at = layout::now_rfc3339();
             serde_json::to_vec_pretty(&inner.state).expect("state serializes")
         };

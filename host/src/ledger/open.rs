@@ -98,8 +98,6 @@ impl Ledger {
                 updated_at: layout::now_rfc3339(),
             },
         };
-        // A resumed run may change its retention policy; the new one rules.
-        state.retention = options.retention.clone();
         let stored = storage
             .get(layout::HISTORY)
             .await?

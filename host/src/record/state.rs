@@ -64,6 +64,7 @@ pub(crate) struct RunState {
     #[serde(default)]
     pub failures: Vec<RunFailure>,
     /// The retention policy last used, to rank checkpoints in listings.
+    /// Written from the ledger's policy; nothing reads it during a run.
     #[serde(default)]
     pub retention: Retention,
     pub updated_at: String,
