@@ -72,6 +72,11 @@ impl RankHandle {
         self.attempt.supervisor.is_stopping()
     }
 
+    /// Resolves once the rank must stop, for a rank that waits.
+    pub fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.attempt.supervisor.stopped()
+    }
+
     /// Refuse metrics the run cannot rank (R17), before anything else of a
     /// report is looked at.
     pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), Refused> {

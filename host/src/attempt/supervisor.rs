@@ -5,6 +5,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use crate::failure::RunFailure;
 
 /// One attempt's health, shared by its ranks and its watcher.
@@ -12,6 +14,8 @@ use crate::failure::RunFailure;
 pub(super) struct Supervisor {
     failure: Mutex<Option<RunFailure>>,
     stopping: AtomicBool,
+    /// The same as `stopping`, for ranks that wait for it.
+    stop_signal: watch::Sender<bool>,
     started: Instant,
     ranks: Vec<RankHealth>,
 }
@@ -35,6 +39,7 @@ impl Supervisor {
         Self {
             failure: Mutex::new(None),
             stopping: AtomicBool::new(false),
+            stop_signal: watch::Sender::new(false),
             started: Instant::now(),
             ranks: (0..world_size).map(|_| RankHealth::default()).collect(),
         }
@@ -54,6 +59,16 @@ impl Supervisor {
     /// epoch tick.
     pub fn raise_stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);
+        self.stop_signal.send_replace(true);
+    }
+
+    /// Resolves once the stop flag is raised.
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut signal = self.stop_signal.subscribe();
+        async move {
+            // An error means the supervisor is gone: nothing to wait for.
+            let _ = signal.wait_for(|stopping| *stopping).await;
+        }
     }
 
     /// Whether every rank must stop now.

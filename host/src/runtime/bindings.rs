@@ -7,4 +7,7 @@ wasmtime::component::bindgen!({
     // Every import may trap: that is how a rank is stopped when the run
     // fails elsewhere while it waits in `report`.
     imports: { default: trappable },
+    // `train` is called asynchronously, so that a stopping attempt can drop
+    // the call wherever the guest waits in WASI (see `rank.rs`).
+    exports: { default: async },
 });

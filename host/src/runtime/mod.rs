@@ -84,7 +84,7 @@ impl GuestComponent {
             None => (compile()?, None),
         };
         let mut linker = Linker::<RankState>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(engine_err("link the WASI imports"))?;
         Trainer::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(engine_err("link trainhost's imports"))?;

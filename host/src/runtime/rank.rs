@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use futures::future::Either;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -34,6 +35,8 @@ pub(crate) struct RankShared {
     pub run_name: Arc<str>,
     pub output: Arc<dyn OutputSink>,
     pub limits: ResourceLimits,
+    /// The run's I/O runtime: WASI's timers and file operations run on it.
+    pub io: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for dyn OutputSink {
@@ -207,8 +210,9 @@ pub(crate) fn run_rank(
         Arc::clone(&shared.output),
         output_limits,
     );
+    let io = shared.io.clone();
     let end = match build_state(info, shared, &dirs, attempt.clone(), &stdout, &stderr) {
-        Ok(state) => call_train(guest, state),
+        Ok(state) => run_train(guest, state, &io, attempt.stopping()),
         Err(e) => RankEnd::Failed(RunFailure {
             rank: Some(rank),
             kind: FailureKind::Trap,
@@ -283,8 +287,38 @@ fn build_state(
     })
 }
 
+/// Instantiate and call `train` until it returns or `stopping` resolves;
+/// how the rank ended.
+///
+/// The call is a future polled on this thread: guest code runs inside its
+/// `poll`, and where the guest waits in WASI (a sleep, a poll on a clock)
+/// the future is pending. When the attempt stops, the future is dropped,
+/// which unwinds the guest from where it waits. A guest computing is
+/// stopped by the epoch check (or, without epochs, at its next call to the
+/// host); one waiting for the other ranks in `report` by the gate.
+///
+/// The run's I/O runtime is entered, not run, on this thread: WASI's
+/// timers and file operations find it, and the trainhost imports may still
+/// block on it, as they do without async.
+fn run_train(
+    guest: &GuestComponent,
+    state: RankState,
+    io: &tokio::runtime::Handle,
+    stopping: impl Future<Output = ()>,
+) -> RankEnd {
+    let _io = io.enter();
+    futures::executor::block_on(async {
+        let train = std::pin::pin!(call_train(guest, state));
+        match futures::future::select(train, std::pin::pin!(stopping)).await {
+            Either::Left((end, _)) => end,
+            // The call is dropped at the end of this arm.
+            Either::Right(((), _)) => RankEnd::Stopped,
+        }
+    })
+}
+
 /// Instantiate and call `train`; how the rank ended.
-fn call_train(guest: &GuestComponent, state: RankState) -> RankEnd {
+async fn call_train(guest: &GuestComponent, state: RankState) -> RankEnd {
     let rank = state.info.world_rank;
     let fail = |kind, message| {
         RankEnd::Failed(RunFailure {
@@ -308,10 +342,11 @@ fn call_train(guest: &GuestComponent, state: RankState) -> RankEnd {
             })
         });
     }
-    let result = guest
-        .pre()
-        .instantiate(&mut store)
-        .and_then(|trainer| trainer.call_train(&mut store));
+    let result = async {
+        let trainer = guest.pre().instantiate_async(&mut store).await?;
+        trainer.call_train(&mut store).await
+    }
+    .await;
     match result {
         Ok(Ok(())) => RankEnd::Finished,
         Ok(Err(message)) => fail(FailureKind::GuestError, message),

@@ -98,6 +98,7 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
             run_name: run_name.clone().into(),
             output: Arc::clone(&trainer.output),
             limits: run.limits.clone(),
+            io: rt.handle().clone(),
         },
         world_size,
     };

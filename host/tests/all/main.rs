@@ -1,6 +1,7 @@
 //! trainhost's integration tests: real guests compiled from source
 //! (`tests/guests`, `examples/linear-regression`), real storage, real traps.
 
+mod blocked;
 mod cli;
 mod cloud;
 mod escape;

@@ -240,3 +240,47 @@ impl HostProcess {
         assert!(status.success());
     }
 }
+
+/// What a `trainhost` process did when run to its end, or killed at a bound.
+#[derive(Debug)]
+pub struct Bounded {
+    /// Its exit status; `None` when it was still running at the bound.
+    pub status: Option<i32>,
+    pub stderr: String,
+}
+
+/// Run `trainhost ARGS` in `dir`, killing it if it runs longer than
+/// `bound`.
+pub fn run_bounded(args: &[&str], dir: &Path, bound: Duration) -> Bounded {
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trainhost"))
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reading = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if started.elapsed() > bound {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Bounded {
+        status,
+        stderr: reading.join().unwrap(),
+    }
+}
