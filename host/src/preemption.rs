@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// On request, the ranks see `preemption_requested()` turn true right after
 /// their next report, save and report a final checkpoint, and return; the
 /// run ends with [`crate::TrainResult::preempted`] set and can be resumed
-/// under the same name. Ranks still running after the run's preemption
+/// under the same name. Ranks that return without having been told (they
+/// never asked) finished their work: the run is not preempted. Ranks still running after the run's preemption
 /// grace period, or after [`Preemption::force`], are stopped at once.
 /// Committed checkpoints stay intact either way.
 ///

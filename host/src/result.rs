@@ -43,8 +43,10 @@ pub struct TrainResult {
     pub failure_history: Vec<RunFailure>,
     /// Why the run failed, if it did (after using up its restarts).
     pub error: Option<RunFailure>,
-    /// Whether the run stopped early on request (preemption); run it again
-    /// under the same name to resume.
+    /// Whether the run stopped early on request (preemption): a rank was
+    /// told, or the grace period ran out. Run it again under the same name
+    /// to resume. A request no rank heard of before finishing leaves this
+    /// false: the work is done.
     pub preempted: bool,
 }
 

@@ -37,6 +37,7 @@ const GUESTS: &[(&str, &str, &str)] = &[
         "trainhost_bench_guest",
         "TRAINHOST_BENCH_GUEST",
     ),
+    ("quickstart", "quickstart", "TRAINHOST_QUICKSTART"),
 ];
 
 fn main() {
@@ -54,6 +55,7 @@ fn main() {
         "tests/guests",
         "tests/guest-other-wit",
         "examples/linear-regression",
+        "examples/quickstart",
         "tools/bench/guest",
         "tools/bench/kernel",
         ".cargo",

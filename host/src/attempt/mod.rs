@@ -87,7 +87,12 @@ pub(crate) struct AttemptSetup {
 pub(crate) struct Ended {
     /// Its first failure, if it failed.
     pub failure: Option<RunFailure>,
-    /// Whether a stop was requested (preemption).
+    /// Whether a stop was requested (preemption), whatever came of it.
+    pub stop_requested: bool,
+    /// Whether the ranks stopped early because of it: a rank was told
+    /// (`preemption-requested` returned true) or the grace period ran out.
+    /// Ranks that never heard of the request and returned finished their
+    /// work.
     pub preempted: bool,
 }
 
@@ -129,6 +134,10 @@ struct Shared {
     /// Once preemption is requested: the number of completed reports after
     /// which every rank sees `preemption-requested` true.
     preempt_after: OnceLock<u64>,
+    /// A rank was told that preemption is requested.
+    preemption_told: AtomicBool,
+    /// The watcher stopped the ranks when the grace period ran out.
+    stopped_for_preemption: AtomicBool,
 }
 
 impl Attempt {
@@ -164,6 +173,8 @@ impl Attempt {
                 handle,
                 completed: AtomicU64::new(0),
                 preempt_after: OnceLock::new(),
+                preemption_told: AtomicBool::new(false),
+                stopped_for_preemption: AtomicBool::new(false),
             }),
         }
     }
@@ -204,9 +215,13 @@ impl Attempt {
             watcher.thread().unpark();
             let _ = watcher.join();
         });
+        let stop_requested = shared.preemption.is_requested();
         Ended {
             failure: shared.supervisor.failure(),
-            preempted: shared.preemption.is_requested(),
+            stop_requested,
+            preempted: stop_requested
+                && (shared.preemption_told.load(Ordering::SeqCst)
+                    || shared.stopped_for_preemption.load(Ordering::SeqCst)),
         }
     }
 }
@@ -296,9 +311,14 @@ impl Shared {
     /// Whether a rank that has made `reports` reports in this attempt sees
     /// preemption requested.
     fn preemption_requested(&self, reports: u64) -> bool {
-        self.preempt_after
+        let told = self
+            .preempt_after
             .get()
-            .is_some_and(|after| reports >= *after)
+            .is_some_and(|after| reports >= *after);
+        if told {
+            self.preemption_told.store(true, Ordering::SeqCst);
+        }
+        told
     }
 
     /// The guest path of the checkpoint to resume from (R21).

@@ -29,6 +29,7 @@ pub(super) fn watch(attempt: &Shared, done: &AtomicBool) {
             && (attempt.preemption.is_forced() || Instant::now() >= at)
         {
             tracing::warn!("stopping the ranks now; committed checkpoints are intact");
+            attempt.stopped_for_preemption.store(true, Ordering::SeqCst);
             attempt.stop();
             return;
         }

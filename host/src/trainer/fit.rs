@@ -131,7 +131,11 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
             limits: run.limits.clone(),
             handle: rt.handle().clone(),
         });
-        let Ended { failure, preempted } = gang.run(attempt)?;
+        let Ended {
+            failure,
+            stop_requested,
+            preempted,
+        } = gang.run(attempt)?;
         let Some(failure) = failure else {
             break preempted;
         };
@@ -148,7 +152,8 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
                 break preempted;
             }
         };
-        if preempted || !max_failures.allows(total) {
+        // A machine going away is no place to restart.
+        if stop_requested || !max_failures.allows(total) {
             error = Some(failure);
             break preempted;
         }

@@ -416,3 +416,45 @@ fn a_damaged_checkpoint_is_reported_once_not_once_per_rank() {
     );
     assert!(stdout.contains("resuming from"), "{stdout}");
 }
+
+/// The README's guest is `examples/quickstart`, shown verbatim, and its run
+/// command works as printed.
+#[test]
+fn the_readmes_guest_is_the_quickstart_example_and_runs_as_printed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = &readme[readme.find("## Writing a guest").unwrap()..];
+    let code_start = section.find("```rust\n").unwrap() + "```rust\n".len();
+    let code = &section[code_start..][..section[code_start..].find("```").unwrap()];
+    let example = std::fs::read_to_string(root.join("examples/quickstart/src/lib.rs")).unwrap();
+    assert_eq!(
+        code, example,
+        "README.md's guest and examples/quickstart differ"
+    );
+
+    let command = section
+        .lines()
+        .find(|l| l.starts_with("trainhost run "))
+        .unwrap();
+    // The printed command, word by word ('...' quoted), with the path of
+    // the guest the tests built.
+    let mut words: Vec<String> = Vec::new();
+    for (i, part) in command.split('\'').enumerate() {
+        if i % 2 == 1 {
+            words.push(part.to_owned());
+        } else {
+            words.extend(part.split_whitespace().map(str::to_owned));
+        }
+    }
+    assert_eq!(words[..2], ["trainhost", "run"]);
+    words[2] = QUICKSTART.to_owned();
+    let tmp = tempfile::tempdir().unwrap();
+    let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
+    let out = trainhost(&args, tmp.path());
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("5 reports, 5 checkpoints retained"),
+        "{stderr}"
+    );
+}

@@ -209,3 +209,34 @@ fn a_third_signal_exits_even_when_a_rank_cannot_be_stopped() {
     assert_eq!(status.code(), Some(128 + 15), "{stderr}");
     assert!(stderr.contains("third signal"), "{stderr}");
 }
+
+/// A request the ranks never hear of (they do not ask, and finish within
+/// the grace period) does not make a finished run a preempted one.
+#[test]
+fn a_run_that_finishes_without_hearing_of_the_request_is_finished() {
+    let (run, _, _) = preemptible(
+        2,
+        json!([{"sleep_ms": 1000}, {"report": {"done": true}}]),
+        Duration::from_secs(60),
+    );
+    run.assert_ok();
+    assert!(!run.result.preempted, "every rank finished its work");
+    assert_eq!(run.result.metrics_history.len(), 1);
+}
+
+/// The same through the CLI: SIGTERM during a run whose guest does not ask
+/// about preemption and finishes in time exits 0, not 75.
+#[test]
+fn sigterm_to_a_run_that_then_finishes_exits_zero() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = json!({"steps": [{"print": "started"}, {"sleep_ms": 1500}, {"report": {}}]});
+    let config = config.to_string();
+    let args = ["run", TEST_GUEST, "--config", &config, "--name", "fin"];
+    let host = HostProcess::spawn(&args, tmp.path());
+    host.wait_for(|l| l.contains("started"));
+    host.sigterm();
+    let output = host.child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("stopped early"), "{stderr}");
+}

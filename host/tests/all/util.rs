@@ -9,7 +9,7 @@ use trainhost::{
     OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer, TrainerBuilder,
 };
 
-pub use trainhost_test_artifacts::{LINEAR_REGRESSION, TEST_GUEST};
+pub use trainhost_test_artifacts::{LINEAR_REGRESSION, QUICKSTART, TEST_GUEST};
 
 /// Collects every line the ranks print.
 #[derive(Default)]

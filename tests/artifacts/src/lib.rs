@@ -7,6 +7,9 @@ pub const TEST_GUEST: &str = env!("TRAINHOST_TEST_GUEST");
 /// The linear-regression example (`examples/linear-regression`).
 pub const LINEAR_REGRESSION: &str = env!("TRAINHOST_LINEAR_REGRESSION");
 
+/// The README's guest (`examples/quickstart`).
+pub const QUICKSTART: &str = env!("TRAINHOST_QUICKSTART");
+
 /// The benchmarks' guest (`tools/bench/guest`).
 pub const BENCH_GUEST: &str = env!("TRAINHOST_BENCH_GUEST");
 

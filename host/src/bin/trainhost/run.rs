@@ -101,8 +101,9 @@ pub struct RunArgs {
 
     /// On SIGTERM or Ctrl-C, how long ranks have to report a final
     /// checkpoint before they are stopped (a second signal stops them at
-    /// once, a third exits without waiting for them). The run then exits
-    /// with status 75 and can be resumed.
+    /// once, a third exits without waiting for them). A run stopped early
+    /// then exits with status 75 and can be resumed; one whose ranks
+    /// finished without being told exits 0.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, help_heading = "Failures")]
     grace_period: Duration,
 
