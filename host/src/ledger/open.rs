@@ -16,16 +16,18 @@ use crate::storage::Storage;
 #[derive(Debug, thiserror::Error)]
 enum Conflict {
     #[error(
-        "it holds {} but no {RUN_STATE} (left by an interrupted start-fresh, or the state was deleted); choose another run name, or start fresh (which deletes them)",
+        "it holds {} but no {RUN_STATE} (left by an interrupted start-fresh, or the state was deleted); choose another run name, or start fresh with --fresh (RunConfig::fresh), which deletes them",
         .0.join(", ")
     )]
     Leftovers(Vec<String>),
-    #[error("{RUN_STATE} is unreadable ({0}); choose another run name, or start fresh")]
+    #[error(
+        "{RUN_STATE} is unreadable ({0}); choose another run name, or start fresh with --fresh (RunConfig::fresh), which deletes the run"
+    )]
     Unreadable(#[source] serde_json::Error),
     #[error("it was written in format {0}, this trainhost reads format {FORMAT}")]
     Format(u32),
     #[error(
-        "it exists with a different config; resume it with the same config, choose another run name, or start fresh (which deletes it)"
+        "it exists with a different config; resume it with the same config, start a new run (another --name) from one of its checkpoints with --resume-from, or start it over with --fresh (RunConfig::fresh), which deletes it"
     )]
     ConfigChanged,
     #[error(transparent)]

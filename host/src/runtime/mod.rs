@@ -8,6 +8,7 @@ pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
 pub(crate) mod sandbox;
+mod trap;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

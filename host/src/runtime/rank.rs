@@ -13,6 +13,7 @@ use super::bindings::trainhost::train::{context, session};
 use super::limits::{LimitHit, MemoryLimiter, OutputBudget};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
+use super::trap;
 use crate::attempt::{Aborted, RankEnd, RankHandle, Refused};
 use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
@@ -211,29 +212,23 @@ pub(crate) fn run_rank(
         output_limits,
     );
     let io = shared.io.clone();
-    let end = match build_state(info, shared, &dirs, attempt.clone(), &stdout, &stderr) {
+    let ended = match build_state(info, shared, &dirs, attempt.clone(), &stdout, &stderr) {
         Ok(state) => run_train(guest, state, &io, attempt.stopping()),
-        Err(e) => RankEnd::Failed(RunFailure {
+        Err(e) => Ended::Other(RankEnd::Failed(RunFailure {
             rank: Some(rank),
             kind: FailureKind::Trap,
             message: e.to_string(),
-        }),
+        })),
     };
     stdout.finish();
     stderr.finish();
-    let end = match end {
-        RankEnd::Failed(mut failure) => {
-            let tail = stderr.tail();
-            if failure.kind == FailureKind::Trap && !tail.is_empty() {
-                failure.message = format!(
-                    "{}\nlast lines of its stderr:\n  {}",
-                    failure.message,
-                    tail.join("\n  ")
-                );
-            }
-            RankEnd::Failed(failure)
-        }
-        other => other,
+    let end = match ended {
+        Ended::Trapped(e) => RankEnd::Failed(RunFailure {
+            rank: Some(rank),
+            kind: FailureKind::Trap,
+            message: trap::describe(&e, &stderr.tail()),
+        }),
+        Ended::Other(end) => end,
     };
     attempt.end(end);
 }
@@ -287,6 +282,13 @@ fn build_state(
     })
 }
 
+/// How `train` ended, before a trap of the guest's own is described.
+enum Ended {
+    /// Described once the rank's stderr is complete (see `trap.rs`).
+    Trapped(wasmtime::Error),
+    Other(RankEnd),
+}
+
 /// Instantiate and call `train` until it returns or `stopping` resolves;
 /// how the rank ended.
 ///
@@ -305,27 +307,27 @@ fn run_train(
     state: RankState,
     io: &tokio::runtime::Handle,
     stopping: impl Future<Output = ()>,
-) -> RankEnd {
+) -> Ended {
     let _io = io.enter();
     futures::executor::block_on(async {
         let train = std::pin::pin!(call_train(guest, state));
         match futures::future::select(train, std::pin::pin!(stopping)).await {
             Either::Left((end, _)) => end,
             // The call is dropped at the end of this arm.
-            Either::Right(((), _)) => RankEnd::Stopped,
+            Either::Right(((), _)) => Ended::Other(RankEnd::Stopped),
         }
     })
 }
 
 /// Instantiate and call `train`; how the rank ended.
-async fn call_train(guest: &GuestComponent, state: RankState) -> RankEnd {
+async fn call_train(guest: &GuestComponent, state: RankState) -> Ended {
     let rank = state.info.world_rank;
     let fail = |kind, message| {
-        RankEnd::Failed(RunFailure {
+        Ended::Other(RankEnd::Failed(RunFailure {
             rank: Some(rank),
             kind,
             message,
-        })
+        }))
     };
     let mut store = Store::new(guest.engine(), state);
     store.limiter(|s| &mut s.memory);
@@ -348,11 +350,11 @@ async fn call_train(guest: &GuestComponent, state: RankState) -> RankEnd {
     }
     .await;
     match result {
-        Ok(Ok(())) => RankEnd::Finished,
+        Ok(Ok(())) => Ended::Other(RankEnd::Finished),
         Ok(Err(message)) => fail(FailureKind::GuestError, message),
         // Both are the host's doing: only a stopping attempt interrupts a
         // rank, or stops it in an import.
-        Err(e) if e.downcast_ref::<StoppedByHost>().is_some() => RankEnd::Stopped,
+        Err(e) if e.downcast_ref::<StoppedByHost>().is_some() => Ended::Other(RankEnd::Stopped),
         Err(e) if e.downcast_ref::<LimitHit>().is_some() => {
             let hit = e
                 .downcast_ref::<LimitHit>()
@@ -361,15 +363,13 @@ async fn call_train(guest: &GuestComponent, state: RankState) -> RankEnd {
             fail(FailureKind::Limit, hit)
         }
         Err(e) if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) => {
-            RankEnd::Stopped
+            Ended::Other(RankEnd::Stopped)
         }
         Err(e) => match e.downcast_ref::<wasmtime_wasi::I32Exit>() {
-            Some(exit) if exit.0 == 0 => RankEnd::Finished,
+            Some(exit) if exit.0 == 0 => Ended::Other(RankEnd::Finished),
             Some(exit) => fail(FailureKind::Exit, format!("exit status {}", exit.0)),
-            // `{:#}`: the trap and the guest's wasm backtrace. Not `{:?}`,
-            // which with RUST_BACKTRACE set also symbolizes the host's own
-            // stack: noise for the user, and ~100 ms on every failure.
-            None => fail(FailureKind::Trap, format!("{e:#}")),
+            // Described once the rank's stderr is complete.
+            None => Ended::Trapped(e),
         },
     }
 }

@@ -96,6 +96,11 @@ impl Sandbox {
             return Err(PathError::Outside(path));
         };
         let rest = &parts[mount.guest.len()..];
+        // The restore directory holds restored checkpoints, one directory
+        // each; itself it is never one (and empty before any restore).
+        if rest.is_empty() && mount.guest == components(RESTORE_GUEST_PATH) {
+            return Err(PathError::RestoreRoot(path));
+        }
         if rest.is_empty() {
             return mount
                 .dir
@@ -131,6 +136,10 @@ pub(crate) enum PathError {
     Outside(String),
     #[error("checkpoint directory {0:?} does not exist")]
     Missing(String),
+    #[error(
+        "checkpoint path {0:?} is where restored checkpoints appear, not a checkpoint; write checkpoints below {SCRATCH_GUEST_PATH}"
+    )]
+    RestoreRoot(String),
     #[error("checkpoint path {0:?} is not a directory")]
     NotADirectory(String),
     #[error("checkpoint path {0:?} leads outside the sandbox through a symbolic link")]

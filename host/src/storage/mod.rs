@@ -114,6 +114,12 @@ impl Storage {
 
     /// A local directory, created if missing.
     fn local(dir: &Path, progress: bool) -> Result<Self, Error> {
+        if dir.is_file() {
+            return Err(Error::InvalidConfig(format!(
+                "{} is a file, not a directory; give a directory (it is created if missing) or a URL",
+                dir.display()
+            )));
+        }
         std::fs::create_dir_all(dir).map_err(|source| Error::Io {
             path: dir.to_path_buf(),
             operation: "create the storage directory",

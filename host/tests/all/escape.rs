@@ -338,3 +338,16 @@ fn a_restored_file_cannot_be_hard_linked_into_the_writable_scratch() {
         "links inside the scratch directory are fine"
     );
 }
+
+/// The restore directory itself is no checkpoint (before a restore it is
+/// empty, and a report of it committed an empty checkpoint).
+#[test]
+fn the_restore_directory_itself_is_refused() {
+    for path in ["/checkpoints", "/checkpoints/"] {
+        let msg = refused(json!([]), path);
+        assert!(
+            msg.contains("where restored checkpoints appear"),
+            "{path}: {msg}"
+        );
+    }
+}

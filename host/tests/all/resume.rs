@@ -260,7 +260,11 @@ fn a_changed_config_is_refused_unless_starting_fresh() {
     let first = run(1, script());
     first.assert_ok();
     let changed = json!([{"print_checkpoint": true}, {"report": {"other": 1}}]);
-    refused_then_started_fresh(&first, changed, &["exists with a different config"]);
+    refused_then_started_fresh(
+        &first,
+        changed,
+        &["exists with a different config", "--resume-from", "--fresh"],
+    );
 }
 
 #[test]
@@ -279,7 +283,7 @@ fn leftovers_of_an_interrupted_start_fresh_are_refused_then_deleted_by_fresh() {
         steps,
         &[
             "holds checkpoint_000001, metrics.jsonl but no trainhost-run.json",
-            "start fresh",
+            "start fresh with --fresh",
         ],
     );
 }

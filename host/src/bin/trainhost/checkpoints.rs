@@ -12,7 +12,9 @@ pub struct CheckpointsArgs {
     /// The run: its name under --storage, or its directory or URL.
     run: String,
 
-    /// Where runs are stored, when RUN is a name.
+    /// Where runs are stored, when RUN is a name: a directory,
+    /// file:///abs/path, or an object store (s3://BUCKET/PREFIX,
+    /// gs://BUCKET/PREFIX, az://CONTAINER/PREFIX).
     #[arg(short, long, value_name = "URL|DIR", default_value = trainhost::DEFAULT_STORAGE)]
     storage: String,
 

@@ -38,8 +38,10 @@ pub struct RunArgs {
     #[arg(short, long, value_name = "JSON|@FILE")]
     config: Option<String>,
 
-    /// Where runs are stored: a directory, file:///abs/path, or memory://
-    /// (kept only while the command runs).
+    /// Where runs are stored: a directory (created if missing),
+    /// file:///abs/path, an object store (s3://BUCKET/PREFIX,
+    /// gs://BUCKET/PREFIX, az://CONTAINER/PREFIX; see --storage-option), or
+    /// memory:// (kept only while the command runs).
     #[arg(short, long, value_name = "URL|DIR", default_value = trainhost::DEFAULT_STORAGE)]
     storage: String,
 
