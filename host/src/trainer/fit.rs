@@ -22,6 +22,8 @@ use crate::runtime::{
 use crate::storage::Storage;
 use crate::sync::Syncer;
 
+use super::workdir::WorkDir;
+
 pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(Error::InsideAsyncRuntime);
@@ -79,14 +81,7 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
         None => None,
     };
 
-    let work = tempfile::Builder::new()
-        .prefix("trainhost-")
-        .tempdir()
-        .map_err(|source| Error::Io {
-            path: std::env::temp_dir(),
-            operation: "create the run's working directory",
-            source,
-        })?;
+    let work = WorkDir::create()?;
     let restore_root = work.path().join("checkpoints");
     create_dir(&restore_root, "create the restore directory")?;
     let gang = Gang {

@@ -3,6 +3,7 @@
 //! which runs it (`fit.rs`).
 
 mod fit;
+mod workdir;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -18,3 +18,4 @@ mod resume;
 mod retention;
 mod servers;
 mod util;
+mod workdir;

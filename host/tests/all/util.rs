@@ -188,10 +188,16 @@ pub struct HostProcess {
 impl HostProcess {
     /// Start `trainhost ARGS` in `dir`.
     pub fn spawn(args: &[&str], dir: &Path) -> Self {
+        Self::spawn_with_env(args, dir, &[])
+    }
+
+    /// Start `trainhost ARGS` in `dir` with extra environment variables.
+    pub fn spawn_with_env(args: &[&str], dir: &Path, env: &[(&str, &Path)]) -> Self {
         use std::io::BufRead;
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trainhost"))
             .args(args)
             .current_dir(dir)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
