@@ -32,9 +32,12 @@ pub struct StorageOptions {
     /// `azure_storage_account_name`, ... and client keys such as
     /// `allow_http`), plus trainhost's `instance_metadata=true`.
     pub options: Vec<(String, String)>,
-    /// How many times a failed request is retried. Default 10.
+    /// How many times a failed request is retried, at most. Default 50:
+    /// waits grow from 0.2 s to 15 s between retries, so with the default
+    /// retry timeout it is the timeout that ends retrying.
     pub max_retries: usize,
-    /// How long a request keeps being retried in all. Default 3 minutes.
+    /// How long a request keeps being retried in all: a storage outage
+    /// shorter than this costs time, not the run. Default 3 minutes.
     pub retry_timeout: Duration,
     /// How long one request may take. Default 30 seconds.
     pub request_timeout: Duration,
@@ -49,7 +52,7 @@ impl Default for StorageOptions {
     fn default() -> Self {
         Self {
             options: Vec::new(),
-            max_retries: 10,
+            max_retries: 50,
             retry_timeout: Duration::from_secs(180),
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),

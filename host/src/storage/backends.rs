@@ -14,6 +14,7 @@
 //! `instance_metadata=true`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
@@ -28,9 +29,20 @@ use crate::error::Error;
 /// service.
 const INSTANCE_METADATA: &str = "instance_metadata";
 
+/// Waits between retries are drawn from [init, base × the last wait], at
+/// most `max_backoff`. object_store's default base of 2 lets them grow by
+/// only ~50 ms a retry on average, so ten retries ended within about two
+/// seconds whatever the retry timeout said; with base 3 they grow ~1.5×
+/// a retry, and an outage of seconds is waited out.
+const BACKOFF: BackoffConfig = BackoffConfig {
+    init_backoff: Duration::from_millis(200),
+    max_backoff: Duration::from_secs(15),
+    base: 3.0,
+};
+
 fn retry(options: &StorageOptions) -> RetryConfig {
     RetryConfig {
-        backoff: BackoffConfig::default(),
+        backoff: BACKOFF,
         max_retries: options.max_retries,
         retry_timeout: options.retry_timeout,
     }

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use object_store::{ObjectStoreExt, PutPayload, WriteMultipart};
+use futures::stream::FuturesUnordered;
+use object_store::path::Path as ObjectPath;
+use object_store::{MultipartUpload, ObjectStoreExt, PutPayload, UploadPart};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -74,7 +76,6 @@ impl Storage {
         }
         let mut file = tokio::fs::File::from_std(file);
         let mut hasher = FileDigest::new(known_sha256);
-        let mut read = 0u64;
         let io_err = |source: std::io::Error| Error::Io {
             path: relative.into(),
             operation: "read a checkpoint file",
@@ -87,7 +88,7 @@ impl Storage {
                 .read_to_end(&mut buf)
                 .await
                 .map_err(io_err)?;
-            read = buf.len() as u64;
+            let read = buf.len() as u64;
             check_size(relative, size, read)?;
             hasher.update(&buf);
             self.store
@@ -96,42 +97,98 @@ impl Storage {
                 .map_err(|e| self.error(format!("upload {relative}"), e))?;
             meter.inc(read);
         } else {
-            let upload = self
-                .store
-                .put_multipart(&location)
-                .await
-                .map_err(|e| self.error(format!("start multipart upload of {relative}"), e))?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
-            let mut buf = vec![0u8; PART_SIZE];
-            loop {
-                let n = match file.read(&mut buf).await {
-                    Ok(n) => n,
-                    Err(e) => {
-                        let _ = writer.abort().await;
-                        return Err(io_err(e));
-                    }
-                };
-                if n == 0 {
-                    break;
-                }
-                read += n as u64;
-                hasher.update(&buf[..n]);
-                if let Err(e) = writer.wait_for_capacity(MAX_PARTS_IN_FLIGHT).await {
-                    return Err(self.error(format!("upload {relative}"), e));
-                }
-                writer.write(&buf[..n]);
-                meter.inc(n as u64);
-            }
-            if let Err(e) = check_size(relative, size, read) {
-                let _ = writer.abort().await;
-                return Err(e);
-            }
-            writer
-                .finish()
-                .await
-                .map_err(|e| self.error(format!("finish upload of {relative}"), e))?;
+            self.upload_parts(relative, &location, &mut file, size, &mut hasher, meter)
+                .await?;
         }
         Ok(hasher.finish())
+    }
+
+    /// A large file as a multipart upload: parts of [`PART_SIZE`], at most
+    /// [`MAX_PARTS_IN_FLIGHT`] sent at once. On failure the upload is
+    /// aborted and the first error returned; the abort's own failure (the
+    /// store may still be unreachable) is only logged, since it would hide
+    /// what went wrong.
+    async fn upload_parts(
+        &self,
+        relative: &str,
+        location: &ObjectPath,
+        file: &mut tokio::fs::File,
+        size: u64,
+        hasher: &mut FileDigest,
+        meter: &Meter,
+    ) -> Result<(), Error> {
+        let mut upload = self
+            .store
+            .put_multipart(location)
+            .await
+            .map_err(|e| self.error(format!("start multipart upload of {relative}"), e))?;
+        let sent = self
+            .send_parts(relative, upload.as_mut(), file, size, hasher, meter)
+            .await;
+        let result = match sent {
+            Ok(()) => upload
+                .complete()
+                .await
+                .map(drop)
+                .map_err(|e| self.error(format!("finish upload of {relative}"), e)),
+            Err(e) => Err(e),
+        };
+        if result.is_err()
+            && let Err(e) = upload.abort().await
+        {
+            tracing::warn!(
+                store = %self.url,
+                "cannot abort the failed multipart upload of {relative} ({e}); the store's own clean-up of incomplete uploads will remove its parts"
+            );
+        }
+        result
+    }
+
+    /// Read `file` in parts and send each; returns once every part is in.
+    async fn send_parts(
+        &self,
+        relative: &str,
+        upload: &mut dyn MultipartUpload,
+        file: &mut tokio::fs::File,
+        size: u64,
+        hasher: &mut FileDigest,
+        meter: &Meter,
+    ) -> Result<(), Error> {
+        let part_failed = |e: object_store::Error| self.error(format!("upload {relative}"), e);
+        let mut in_flight: FuturesUnordered<UploadPart> = FuturesUnordered::new();
+        let mut read = 0u64;
+        loop {
+            let mut part = Vec::with_capacity(PART_SIZE);
+            (&mut *file)
+                .take(PART_SIZE as u64)
+                .read_to_end(&mut part)
+                .await
+                .map_err(|source| Error::Io {
+                    path: relative.into(),
+                    operation: "read a checkpoint file",
+                    source,
+                })?;
+            if part.is_empty() {
+                break;
+            }
+            read += part.len() as u64;
+            hasher.update(&part);
+            while in_flight.len() >= MAX_PARTS_IN_FLIGHT {
+                if let Some(sent) = in_flight.next().await {
+                    sent.map_err(part_failed)?;
+                }
+            }
+            meter.inc(part.len() as u64);
+            in_flight.push(upload.put_part(PutPayload::from(part)));
+            if read > size {
+                break;
+            }
+        }
+        check_size(relative, size, read)?;
+        while let Some(sent) = in_flight.next().await {
+            sent.map_err(part_failed)?;
+        }
+        Ok(())
     }
 
     /// Stream the object at `relative` into `out`, returning the number of

@@ -9,6 +9,7 @@ mod example;
 mod failures;
 mod fuzz_corpus;
 mod limits;
+mod outages;
 mod persistence;
 mod preemption;
 mod protocol;

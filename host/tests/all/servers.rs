@@ -348,39 +348,82 @@ pub struct Proxy {
 struct ProxyState {
     down: AtomicBool,
     budget: AtomicI64,
+    /// How long a cut lasts; `None` until restored.
+    outage: Option<Duration>,
+    /// How many times it was cut.
+    cuts: std::sync::atomic::AtomicU64,
     /// Bytes clients sent through the proxy.
     sent: std::sync::atomic::AtomicU64,
     live: Mutex<Vec<TcpStream>>,
 }
 
 impl ProxyState {
-    fn cut(&self) {
-        self.down.store(true, Ordering::SeqCst);
+    fn cut(self: &Arc<Self>) {
+        if self.down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.cuts.fetch_add(1, Ordering::SeqCst);
         for s in self.live.lock().unwrap().drain(..) {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(outage) = self.outage {
+            let state = Arc::clone(self);
+            std::thread::spawn(move || {
+                std::thread::sleep(outage);
+                state.budget.store(i64::MAX, Ordering::SeqCst);
+                state.down.store(false, Ordering::SeqCst);
+            });
         }
     }
 }
 
 impl Proxy {
-    /// Forward to `upstream`; cut after `budget` bytes from clients.
+    /// Forward to `upstream`; cut after `budget` bytes from clients and stay
+    /// down until [`Proxy::restore`].
     pub fn start(upstream: u16, budget: i64) -> Self {
+        Self::start_with_outage(upstream, budget, None)
+    }
+
+    /// Forward to `upstream`; cut after `budget` bytes from clients, and
+    /// with `outage` come back by itself that long after.
+    ///
+    /// Down, it resets every connection and closes its listening socket, so
+    /// that new connections are refused, as by a server that is gone.
+    pub fn start_with_outage(upstream: u16, budget: i64, outage: Option<Duration>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(ProxyState {
             down: AtomicBool::new(false),
             budget: AtomicI64::new(budget),
             sent: Default::default(),
             live: Mutex::new(Vec::new()),
+            outage,
+            cuts: Default::default(),
         });
         let st = Arc::clone(&state);
         std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
+            let mut listener = Some(listener);
+            loop {
                 if st.down.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
+                    listener = None;
+                    while st.down.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
                 }
+                let l = listener.get_or_insert_with(|| {
+                    let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+                    l.set_nonblocking(true).unwrap();
+                    l
+                });
+                let client = match l.accept() {
+                    Ok((client, _)) => client,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                };
+                client.set_nonblocking(false).unwrap();
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
@@ -407,6 +450,11 @@ impl Proxy {
     /// Bytes clients have sent through the proxy so far.
     pub fn sent(&self) -> u64 {
         self.state.sent.load(Ordering::SeqCst)
+    }
+
+    /// How many times it was cut.
+    pub fn cuts(&self) -> u64 {
+        self.state.cuts.load(Ordering::SeqCst)
     }
 
     /// Whether the budget ran out (or it was cut).

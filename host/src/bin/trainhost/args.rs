@@ -19,11 +19,14 @@ pub struct StorageFlags {
     #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = parse_key_value, help_heading = "Storage")]
     storage_options: Vec<(String, String)>,
 
-    /// How many times a failed storage request is retried, with backoff.
-    #[arg(long, value_name = "N", default_value_t = 10, help_heading = "Storage")]
+    /// How many times a failed storage request is retried at most, with
+    /// backoff (0.2 s growing to 15 s); --storage-retry-timeout usually
+    /// ends retrying first.
+    #[arg(long, value_name = "N", default_value_t = StorageOptions::default().max_retries, help_heading = "Storage")]
     storage_retries: usize,
 
-    /// How long a storage request keeps being retried in all.
+    /// How long a storage request keeps being retried in all: a storage
+    /// outage shorter than this costs time, not the run.
     #[arg(long, value_name = "DURATION", default_value = "3m", value_parser = parse_duration, help_heading = "Storage")]
     storage_retry_timeout: Duration,
 
