@@ -27,7 +27,7 @@ LAYERS = [
     ["config"],
     ["storage"],
     ["record"],
-    ["persist", "checkpoint", "sync"],
+    ["persist", "checkpoint", "sync", "owner"],
     ["ledger"],
     ["attempt"],
     ["runtime"],

@@ -94,6 +94,29 @@ pub enum Error {
         reason: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// Another live host owns the run (R27): it is being run right now.
+    #[error("run {run} is in use by {holder}; {remedy}")]
+    RunInUse {
+        /// The run's storage path.
+        run: String,
+        /// Who holds it: process, host, and since when.
+        holder: String,
+        /// What to do about it.
+        remedy: String,
+    },
+
+    /// This host lost its ownership of the run while running it (R27):
+    /// another host took it over after this one's lease expired, or the
+    /// lease could not be renewed for the whole retry timeout. Nothing more
+    /// is written to the run by this host.
+    #[error("run {run}: this host no longer owns the run and writes nothing more to it: {reason}")]
+    Fenced {
+        /// The run's storage path.
+        run: String,
+        /// What happened.
+        reason: String,
+    },
+
     /// The WebAssembly engine failed outside any guest's code.
     #[error("wasm runtime: cannot {operation}")]
     Engine {

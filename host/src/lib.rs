@@ -58,6 +58,7 @@ mod failure;
 pub mod fuzzing;
 mod ledger;
 mod metrics;
+mod owner;
 mod persist;
 mod preemption;
 mod record;

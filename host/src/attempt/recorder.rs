@@ -278,6 +278,7 @@ mod tests {
             world_size: 1,
             retention,
             fresh: false,
+            must_be_new: false,
         };
         let ledger = Ledger::open(storage.clone(), options, rt.handle().clone());
         Arc::new(rt.block_on(ledger).unwrap())

@@ -80,9 +80,11 @@ impl ScalingConfig {
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
-    /// The run's name, its directory under `storage_path`. Default:
-    /// the guest's file name and the start time, `mnist_2026-11-21_10-14-00`.
-    /// Running again with an existing name continues that run.
+    /// The run's name, its directory under `storage_path`. Default: the
+    /// guest's file name, the start time and 32 random bits,
+    /// `mnist_2026-11-21_10-14-00.123_5f0c9a2e`, always a new run. Running
+    /// again with an existing name continues that run, unless another
+    /// process owns it right now ([`crate::Error::RunInUse`], R27).
     pub name: Option<String>,
     /// Where runs are stored: a directory (default
     /// [`DEFAULT_STORAGE`]), `file://`, `memory://`, or an object store URL.
@@ -189,6 +191,13 @@ impl RunConfig {
             ));
         }
         let retention = self.checkpoint_config.retention()?;
+        if self.storage_options.lease_timeout < std::time::Duration::from_secs(2) {
+            // Storage servers stamp objects in whole seconds.
+            return Err(Error::InvalidConfig(format!(
+                "the storage lease timeout (--storage-lease) must be at least 2s, got {:?}",
+                self.storage_options.lease_timeout
+            )));
+        }
         if self.interruption == Interruption::AtHostCalls {
             let limits = &self.limits;
             let needs_stop = [

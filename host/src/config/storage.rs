@@ -43,6 +43,11 @@ pub struct StorageOptions {
     pub request_timeout: Duration,
     /// How long connecting may take. Default 5 seconds.
     pub connect_timeout: Duration,
+    /// How long a host's claim on a run in an object store lasts unless
+    /// renewed (R27); it is renewed every quarter of this. A host that dies
+    /// holds its run this long at most; a host paused for longer loses the
+    /// run to the next one started. Default 30 seconds, at least 2.
+    pub lease_timeout: Duration,
     /// Draw progress bars for checkpoint uploads and restores on stderr
     /// when it is a terminal. Default off (the CLI turns it on).
     pub progress: bool,
@@ -56,6 +61,7 @@ impl Default for StorageOptions {
             retry_timeout: Duration::from_secs(180),
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            lease_timeout: Duration::from_secs(30),
             progress: false,
         }
     }

@@ -62,7 +62,7 @@ impl Ledger {
             .child(&layout::checkpoint_dir_name(checkpoint_index));
         // A host killed mid-upload can leave files under this name with no
         // manifest; they were never committed, so clear them first.
-        dest.delete_all("").await?;
+        dest.delete_all("", &[]).await?;
         let previous = self.previous().await;
         let (files, stats) = persist(&dest, plan, previous).await?;
         Ok(Uploaded { files, stats })
@@ -158,7 +158,7 @@ impl Ledger {
     pub(super) async fn delete_checkpoint(&self, dir_name: &str) -> Result<(), Error> {
         let dir = self.storage.child(dir_name);
         dir.delete(layout::MANIFEST).await?;
-        dir.delete_all("").await
+        dir.delete_all("", &[]).await
     }
 
     /// The latest committed checkpoint's files, to share with the next one

@@ -32,6 +32,10 @@ enum Conflict {
     ConfigChanged,
     #[error(transparent)]
     History(#[from] HistoryError),
+    #[error(
+        "a run exists under the name trainhost generated for a new run; start again (the next name differs), or give a name (--name)"
+    )]
+    NameTaken,
 }
 
 /// How to open a run.
@@ -43,6 +47,8 @@ pub(crate) struct LedgerOptions<'a> {
     pub retention: Retention,
     /// Delete an existing run of this name instead of continuing it.
     pub fresh: bool,
+    /// Refuse to continue a run: the name was generated for a new one.
+    pub must_be_new: bool,
 }
 
 impl Ledger {
@@ -66,10 +72,14 @@ impl Ledger {
             Some(_) => Vec::new(),
             None => leftovers(&storage).await?,
         };
+        if options.must_be_new && (existing.is_some() || !leftovers.is_empty()) {
+            return Err(conflict(Conflict::NameTaken));
+        }
         if options.fresh && (existing.is_some() || !leftovers.is_empty()) {
             tracing::warn!(run = %storage.url(), "deleting the existing run to start fresh");
             storage.delete(layout::RUN_STATE).await?;
-            storage.delete_all("").await?;
+            // The owner's file stays: it says who owns the run (R27).
+            storage.delete_all("", &[layout::OWNER]).await?;
             existing = None;
         } else if !leftovers.is_empty() {
             return Err(conflict(Conflict::Leftovers(leftovers)));
@@ -229,4 +239,33 @@ async fn leftovers(storage: &Storage) -> Result<Vec<String>, Error> {
         found.push(layout::HISTORY.to_owned());
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn a_generated_name_never_continues_an_existing_run() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let storage = Storage::from_store(store, "memory://t").child("run");
+        let open = |must_be_new| {
+            let options = LedgerOptions {
+                run_name: "run",
+                config_fingerprint: "f",
+                world_size: 1,
+                retention: Retention::default(),
+                fresh: false,
+                must_be_new,
+            };
+            rt.block_on(Ledger::open(storage.clone(), options, rt.handle().clone()))
+        };
+        open(true).unwrap();
+        open(false).expect("a name given again continues its run");
+        let e = open(true).unwrap_err().to_string();
+        assert!(e.contains("generated"), "{e}");
+    }
 }

@@ -4,6 +4,7 @@
 //! ```text
 //! <storage>/<run>/
 //!     trainhost-run.json                  run state (R12)
+//!     trainhost-owner.json                who owns the run (R27)
 //!     metrics.jsonl                       every report, one JSON object a line (R9)
 //!     checkpoint_000000/
 //!         <the guest's files, paths and bytes as written>
@@ -22,6 +23,9 @@ pub const RESERVED_DIR: &str = ".trainhost";
 pub const MANIFEST: &str = ".trainhost/manifest.json";
 /// The run state's path inside a run directory.
 pub const RUN_STATE: &str = "trainhost-run.json";
+/// Who owns the run (R27): on local storage the file the owner holds a
+/// lock on, on object stores the owner's lease.
+pub const OWNER: &str = "trainhost-owner.json";
 /// The metrics history's path inside a run directory.
 pub const HISTORY: &str = "metrics.jsonl";
 /// The format version written into manifests and run state.

@@ -21,13 +21,17 @@ use crate::config::{Location, StorageOptions};
 use crate::error::Error;
 
 mod backends;
+mod conditional;
 mod digest;
+mod fence;
 #[cfg(test)]
 pub(crate) mod held;
 mod local;
 mod progress;
 mod transfer;
 
+pub(crate) use conditional::Claim;
+pub(crate) use fence::Fence;
 pub(crate) use progress::Meter;
 
 /// A storage location: an object store and a prefix inside it.
@@ -43,6 +47,8 @@ pub struct Storage {
     url: String,
     /// Whether transfers draw progress bars.
     progress: bool,
+    /// When set, writes happen only while this host owns the location.
+    fence: Option<Arc<Fence>>,
 }
 
 impl Storage {
@@ -59,6 +65,7 @@ impl Storage {
                 root: ObjectPath::from(prefix.as_str()),
                 url: location.to_string(),
                 progress: false,
+                fence: None,
             }),
             Location::ObjectStore(url) => {
                 let (store, root) = backends::cloud(url.as_str(), url, options)?;
@@ -68,6 +75,7 @@ impl Storage {
                     root,
                     url: url.as_str().to_owned(),
                     progress: options.progress,
+                    fence: None,
                 })
             }
         }
@@ -83,6 +91,7 @@ impl Storage {
             root: ObjectPath::default(),
             url: url.to_owned(),
             progress: false,
+            fence: None,
         }
     }
 
@@ -144,6 +153,7 @@ impl Storage {
             root: ObjectPath::default(),
             url: abs.display().to_string(),
             progress,
+            fence: None,
         })
     }
 
@@ -161,6 +171,29 @@ impl Storage {
             root,
             url,
             progress: self.progress,
+            fence: self.fence.clone(),
+        }
+    }
+
+    /// This location, written only while `fence` says this host owns it;
+    /// locations below it inherit the fence.
+    pub(crate) fn fenced(&self, fence: Arc<Fence>) -> Self {
+        Self {
+            fence: Some(fence),
+            ..self.clone()
+        }
+    }
+
+    /// Run the write `make()` builds, fenced if this location is (see
+    /// [`Fence::guard`]).
+    async fn write<T, F, Fut>(&self, restartable: bool, mut make: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        match &self.fence {
+            Some(fence) => fence.guard(&self.url, restartable, make).await,
+            None => make().await,
         }
     }
 
@@ -203,19 +236,27 @@ impl Storage {
     /// same store (children of one [`Storage`]).
     pub async fn copy_from(&self, source: &Storage, from: &str, to: &str) -> Result<(), Error> {
         debug_assert!(Arc::ptr_eq(&self.store, &source.store));
-        self.store
-            .copy(&source.object_path(from), &self.object_path(to))
-            .await
-            .map_err(|e| self.error(format!("copy {}/{from} to {to}", source.url), e))
+        let (from_path, to_path) = (source.object_path(from), self.object_path(to));
+        self.write(true, || async {
+            self.store
+                .copy(&from_path, &to_path)
+                .await
+                .map_err(|e| self.error(format!("copy {}/{from} to {to}", source.url), e))
+        })
+        .await
     }
 
     /// Store `data` at `relative`, replacing what was there.
     pub async fn put(&self, relative: &str, data: Bytes) -> Result<(), Error> {
-        self.store
-            .put(&self.object_path(relative), PutPayload::from(data))
-            .await
-            .map(drop)
-            .map_err(|e| self.error(format!("write {relative}"), e))
+        let path = self.object_path(relative);
+        self.write(true, || async {
+            self.store
+                .put(&path, PutPayload::from(data.clone()))
+                .await
+                .map(drop)
+                .map_err(|e| self.error(format!("write {relative}"), e))
+        })
+        .await
     }
 
     /// The bytes at `relative`, or `None` if there is no such object.
@@ -234,22 +275,33 @@ impl Storage {
 
     /// Delete the object at `relative`; deleting a missing object is fine.
     pub async fn delete(&self, relative: &str) -> Result<(), Error> {
-        match self.store.delete(&self.object_path(relative)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.error(format!("delete {relative}"), e)),
-        }
+        self.delete_path(&self.object_path(relative), relative)
+            .await
     }
 
-    /// Delete every object below `relative`.
-    pub async fn delete_all(&self, relative: &str) -> Result<(), Error> {
+    async fn delete_path(&self, path: &ObjectPath, shown: &str) -> Result<(), Error> {
+        self.write(true, || async {
+            match self.store.delete(path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(self.error(format!("delete {shown}"), e)),
+            }
+        })
+        .await
+    }
+
+    /// Delete every object below `relative` but those at the paths in
+    /// `keep` (relative to this location).
+    pub async fn delete_all(&self, relative: &str, keep: &[&str]) -> Result<(), Error> {
         let prefix = self.object_path(relative);
+        let keep: Vec<ObjectPath> = keep.iter().map(|k| self.object_path(k)).collect();
         let mut listing = self.store.list(Some(&prefix));
         while let Some(meta) = listing.next().await {
             let meta = meta.map_err(|e| self.error(format!("list {relative}"), e))?;
-            match self.store.delete(&meta.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(self.error(format!("delete {}", meta.location), e)),
+            if keep.contains(&meta.location) {
+                continue;
             }
+            self.delete_path(&meta.location, meta.location.as_ref())
+                .await?;
         }
         Ok(())
     }

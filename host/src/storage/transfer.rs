@@ -91,14 +91,24 @@ impl Storage {
             let read = buf.len() as u64;
             check_size(relative, size, read)?;
             hasher.update(&buf);
-            self.store
-                .put(&location, PutPayload::from(buf))
-                .await
-                .map_err(|e| self.error(format!("upload {relative}"), e))?;
+            let buf = Bytes::from(buf);
+            self.write(true, || async {
+                self.store
+                    .put(&location, PutPayload::from(buf.clone()))
+                    .await
+                    .map_err(|e| self.error(format!("upload {relative}"), e))
+            })
+            .await?;
             meter.inc(read);
         } else {
-            self.upload_parts(relative, &location, &mut file, size, &mut hasher, meter)
-                .await?;
+            // The file is read as it is sent: the upload cannot be made
+            // again if the run's lease lapses under it.
+            let mut once = Some((&mut file, &mut hasher));
+            self.write(false, || {
+                let (file, hasher) = once.take().expect("called once when not restartable");
+                self.upload_parts(relative, &location, file, size, hasher, meter)
+            })
+            .await?;
         }
         Ok(hasher.finish())
     }

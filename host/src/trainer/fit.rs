@@ -15,6 +15,7 @@ use crate::config::MaxFailures;
 use crate::error::Error;
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::{Ledger, LedgerOptions};
+use crate::owner::Owner;
 use crate::result::TrainResult;
 use crate::runtime::{
     GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
@@ -49,18 +50,60 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
     )?;
     tracing::debug!(elapsed = ?started.elapsed(), cache = ?cached, "guest ready");
 
-    let run_name = run
-        .name
-        .clone()
-        .unwrap_or_else(|| default_run_name(&trainer.guest.stem()));
-    let world_size = trainer.scaling.num_workers;
+    let (run_name, generated) = match &run.name {
+        Some(name) => (name.clone(), false),
+        None => (default_run_name(&trainer.guest.stem()), true),
+    };
     let storage = Storage::open(&trainer.storage, &run.storage_options)?;
     rt.block_on(storage.probe())?;
     let local_run_dir = storage.local_path().map(|p| p.join(&run_name));
     if let (Some(sync), Some(dir)) = (&run.sync, &local_run_dir) {
         crate::sync::restore_if_missing(sync, dir, &run_name);
     }
-    let run_storage = storage.child(&run_name);
+    let owner = rt.block_on(Owner::acquire(
+        &storage.child(&run_name),
+        &run.storage_options,
+    ))?;
+    let result = fit_owned(
+        trainer,
+        &rt,
+        &guest,
+        Named {
+            run_name,
+            generated,
+            storage: owner.storage().clone(),
+            local_run_dir,
+        },
+    );
+    rt.block_on(owner.release());
+    result
+}
+
+/// The run's name and where it lives.
+struct Named {
+    run_name: String,
+    /// Whether trainhost chose the name (it then must be a new run).
+    generated: bool,
+    /// The run's storage, as its owner writes it.
+    storage: Storage,
+    local_run_dir: Option<PathBuf>,
+}
+
+/// The run, once this host owns it.
+fn fit_owned(
+    trainer: &Trainer,
+    rt: &tokio::runtime::Runtime,
+    guest: &GuestComponent,
+    named: Named,
+) -> Result<TrainResult, Error> {
+    let run = &trainer.run;
+    let Named {
+        run_name,
+        generated,
+        storage: run_storage,
+        local_run_dir,
+    } = named;
+    let world_size = trainer.scaling.num_workers;
     let config_json = serde_json::to_string(&trainer.config).expect("JSON values serialize");
     let fingerprint = hex::encode(Sha256::digest(config_json.as_bytes()));
     let ledger = Arc::new(rt.block_on(Ledger::open(
@@ -71,6 +114,7 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
             world_size,
             retention: trainer.retention.clone(),
             fresh: run.fresh,
+            must_be_new: generated,
         },
         rt.handle().clone(),
     ))?);
@@ -85,7 +129,7 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
     let restore_root = work.path().join("checkpoints");
     create_dir(&restore_root, "create the restore directory")?;
     let gang = Gang {
-        guest: &guest,
+        guest,
         work: work.path(),
         restore_root: &restore_root,
         shared: RankShared {
@@ -230,14 +274,16 @@ fn create_dir(dir: &Path, operation: &'static str) -> Result<(), Error> {
     })
 }
 
-/// `<guest stem>_<UTC start time>`, like Ray's `TorchTrainer_2026-11-21_10-14-00`.
+/// `<guest stem>_<UTC start time>_<random>`, like Ray's
+/// `TorchTrainer_2026-11-21_10-14-00` with milliseconds and 32 random bits,
+/// so that runs started at the same moment get different names.
 fn default_run_name(stem: &str) -> String {
-    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let stamp = now
         .trim_end_matches('Z')
         .replace('T', "_")
         .replace(':', "-");
-    format!("{stem}_{stamp}")
+    format!("{stem}_{stamp}_{:08x}", crate::owner::random_u64() as u32)
 }
 
 async fn collect_result(
@@ -290,5 +336,8 @@ mod tests {
         assert!(name.starts_with("linear_regression_20"), "{name}");
         assert!(!name.contains(':'), "{name}");
         crate::config::check_run_name(&name).unwrap();
+        let names: std::collections::HashSet<String> =
+            (0..100).map(|_| default_run_name(&stem)).collect();
+        assert_eq!(names.len(), 100, "names made in the same instant differ");
     }
 }

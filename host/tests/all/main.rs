@@ -10,6 +10,7 @@ mod failures;
 mod fuzz_corpus;
 mod limits;
 mod outages;
+mod owner;
 mod persistence;
 mod preemption;
 mod protocol;

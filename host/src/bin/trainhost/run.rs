@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use trainhost::{
     CheckpointConfig, FailureConfig, Interruption, MaxFailures, Preemption, ResourceLimits,
-    RunConfig, ScalingConfig, SyncConfig, Trainer,
+    RunConfig, ScalingConfig, StorageOptions, SyncConfig, Trainer,
 };
 
 use crate::args::{StorageFlags, parse_duration, parse_size};
@@ -46,7 +46,9 @@ pub struct RunArgs {
     storage: String,
 
     /// The run's name, its directory in storage. Default: the guest's file
-    /// name and the start time. An existing name continues that run.
+    /// name, the start time and a random suffix (a new run every time). An
+    /// existing name continues that run; while another process runs it,
+    /// a start is refused, naming that process.
     #[arg(short, long)]
     name: Option<String>,
 
@@ -117,6 +119,13 @@ pub struct RunArgs {
 
     #[command(flatten)]
     storage_flags: StorageFlags,
+
+    /// How long this host's claim on a run in an object store lasts unless
+    /// renewed (every quarter of it): a host that dies holds its run this
+    /// long at most, and a host paused for longer loses the run to the next
+    /// one started. Local storage needs none: its lock goes with the process.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration, help_heading = "Storage")]
+    storage_lease: Duration,
 
     /// Mirror the run directory to --sync-to with this command (Ray Tune's
     /// custom syncer), with {source} and {target} placeholders, e.g.
@@ -254,7 +263,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             report_timeout: args.report_timeout,
             preemption_grace: args.grace_period,
             fresh: args.fresh,
-            storage_options: args.storage_flags.options(!args.quiet),
+            storage_options: StorageOptions {
+                lease_timeout: args.storage_lease,
+                ..args.storage_flags.options(!args.quiet)
+            },
             limits: ResourceLimits {
                 max_memory: args.max_memory,
                 stall_timeout: args.stall_timeout,
