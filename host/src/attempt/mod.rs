@@ -187,6 +187,9 @@ impl Attempt {
         let done = AtomicBool::new(false);
         std::thread::scope(|scope| {
             let watcher = scope.spawn(|| watch::watch(shared, &done));
+            // The scope waits for every rank before a panic here goes on:
+            // stop them, or a rank asleep would keep the host up forever.
+            let _stop_on_unwind = StopOnUnwind(shared);
             let threads: Vec<_> = (0..shared.world_size)
                 .map(|r| {
                     let handle = RankHandle::new(r, Arc::clone(shared));
@@ -222,6 +225,17 @@ impl Attempt {
             preempted: stop_requested
                 && (shared.preemption_told.load(Ordering::SeqCst)
                     || shared.stopped_for_preemption.load(Ordering::SeqCst)),
+        }
+    }
+}
+
+/// Stops every rank when dropped during a panic.
+struct StopOnUnwind<'a>(&'a Shared);
+
+impl Drop for StopOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.stop();
         }
     }
 }

@@ -191,7 +191,10 @@ mod tests {
             pid: 1,
             ..me.clone()
         };
-        assert!(!init.is_gone_from(&me.host), "a live process, another user's");
+        assert!(
+            !init.is_gone_from(&me.host),
+            "a live process, another user's"
+        );
         let gone = Holder {
             pid: 1 << 30,
             ..me.clone()

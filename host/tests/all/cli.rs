@@ -471,3 +471,52 @@ fn the_readmes_guest_is_the_quickstart_example_and_runs_as_printed() {
         "{stderr}"
     );
 }
+
+/// `trainhost run ... 2>&1 | head -4`: once the reader is gone, every
+/// write to stderr fails. A rank's failure logged then must still stop the
+/// other ranks (one is asleep for an hour) and end the process with the
+/// run's status, not a panic or a hang.
+#[test]
+fn a_closed_stderr_neither_panics_nor_hangs_the_host() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({"steps": [
+        {"panic": "boom", "ranks": [0]},
+        {"sleep_ms": 3_600_000, "ranks": [1]},
+    ]})
+    .to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trainhost"))
+        .args(["run", TEST_GUEST, "--workers", "2", "--config", &config])
+        .current_dir(tmp.path())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("boom") {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "the panic is shown"
+        );
+    }
+    drop(stderr); // like `head` exiting
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("the host hung with its stderr closed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the failed run's status, not a panic's 101"
+    );
+}

@@ -57,22 +57,25 @@ pub fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&json)?);
+        show!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(ExitCode::SUCCESS);
     }
     if list.is_empty() {
-        println!("{location}: no committed checkpoints");
+        show!("{location}: no committed checkpoints");
         return Ok(ExitCode::SUCCESS);
     }
-    println!("best first; * marks the latest");
-    println!(
+    show!("best first; * marks the latest");
+    show!(
         "  {:<18} {:>6} {:>12}  {:<20}  metrics",
-        "checkpoint", "files", "bytes", "committed"
+        "checkpoint",
+        "files",
+        "bytes",
+        "committed"
     );
     for c in &list {
         let name = c.location().rsplit('/').next().unwrap_or_default();
         let mark = if Some(c.index()) == latest { '*' } else { ' ' };
-        println!(
+        show!(
             "{mark} {:<18} {:>6} {:>12}  {:<20}  {}",
             name,
             c.manifest().files.len(),

@@ -2,6 +2,24 @@
 //! subcommand maps its flags onto the library's settings (`run.rs`,
 //! `checkpoints.rs`); the library checks them.
 
+/// `eprintln!` that does not panic when stderr is closed (`trainhost run
+/// ... 2>&1 | head`): what cannot be shown is dropped and the run goes on.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` that does not panic when stdout is closed
+/// (`trainhost checkpoints RUN | head -3`).
+macro_rules! show {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod args;
 mod checkpoints;
 mod run;
@@ -45,6 +63,9 @@ fn main() -> ExitCode {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
+        // Its report of a failed write is an eprintln!, which panics when
+        // stderr is closed: a log line that cannot be shown is dropped.
+        .log_internal_errors(false)
         .init();
     let outcome = match cli.command {
         Command::Run(args) => run::run(*args),
@@ -53,7 +74,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            say!("error: {}", error_chain(&e));
             ExitCode::from(2)
         }
     }

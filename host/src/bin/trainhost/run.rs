@@ -305,32 +305,32 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(path, json)
             .with_context(|| format!("cannot write --result-json {}", path.display()))?;
     }
-    eprintln!();
-    eprintln!("run {} at {}", result.run_name, result.path);
-    eprintln!(
+    say!();
+    say!("run {} at {}", result.run_name, result.path);
+    say!(
         "  {} reports, {} checkpoints retained",
         result.metrics_history.len(),
         result.best_checkpoints.len()
     );
     if let Some(metrics) = &result.metrics {
-        eprintln!("  last metrics: {metrics}");
+        say!("  last metrics: {metrics}");
     }
     if let Some(c) = &result.checkpoint {
-        eprintln!("  latest checkpoint: {}", c.location());
+        say!("  latest checkpoint: {}", c.location());
     }
     if result.failures > 0 {
-        eprintln!("  failures: {}", result.failures);
+        say!("  failures: {}", result.failures);
         for f in &result.failure_history {
-            eprintln!("    {}", f.to_string().lines().next().unwrap_or_default());
+            say!("    {}", f.to_string().lines().next().unwrap_or_default());
         }
     }
     match &result.error {
         Some(e) => {
-            eprintln!("error: the run failed: {e}");
+            say!("error: the run failed: {e}");
             Ok(ExitCode::from(1))
         }
         None if result.preempted => {
-            eprintln!(
+            say!(
                 "stopped early on request; resume with: trainhost run ... --name {}",
                 result.run_name
             );
@@ -359,16 +359,16 @@ fn forward_signals(preemption: Preemption) -> anyhow::Result<()> {
             for signal in signals.forever() {
                 seen += 1;
                 if seen >= 3 {
-                    eprintln!(
+                    say!(
                         "third signal ({signal}): exiting without waiting for the ranks; committed checkpoints are kept"
                     );
                     std::process::exit(128 + signal);
                 }
                 if preemption.is_requested() {
-                    eprintln!("second signal ({signal}): stopping the ranks now");
+                    say!("second signal ({signal}): stopping the ranks now");
                     preemption.force();
                 } else {
-                    eprintln!("signal {signal}: asking the ranks to checkpoint and stop");
+                    say!("signal {signal}: asking the ranks to checkpoint and stop");
                     preemption.request();
                 }
             }
