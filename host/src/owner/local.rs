@@ -42,11 +42,9 @@ impl Lock {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
-                let mut said = String::new();
-                let _ = file.read_to_string(&mut said);
-                let holder = serde_json::from_str::<Holder>(&said)
+                let holder = read_holder(&mut file)
                     .map(|h| h.to_string())
-                    .unwrap_or_else(|_| "another process, starting it".to_owned());
+                    .unwrap_or_else(|| "another process, starting it".to_owned());
                 return Err(super::in_use_at(run, holder));
             }
             Err(e) => return Err(io("lock the run's owner file")(e.into())),
@@ -58,4 +56,20 @@ impl Lock {
             .map_err(io("write the run's owner file"))?;
         Ok(Self { _file: file })
     }
+}
+
+/// The holder named in the locked `file`. A holder writes its name right
+/// after taking the lock, so a start racing it waits a moment for it.
+fn read_holder(file: &mut File) -> Option<Holder> {
+    for _ in 0..40 {
+        let mut said = String::new();
+        if file.rewind().is_ok()
+            && file.read_to_string(&mut said).is_ok()
+            && let Ok(holder) = serde_json::from_str(&said)
+        {
+            return Some(holder);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    None
 }
