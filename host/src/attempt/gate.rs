@@ -19,14 +19,30 @@
 //! still on their way when ranks outnumber cores. Both are bounded by
 //! [`ACTIVE_WAIT`], so a rank waiting on a slow one costs that much CPU at
 //! most.
+//!
+//! Whether waiting actively pays depends on the machine's load, which
+//! changes: on a machine busy with other work, a spinning rank takes the
+//! core the rank it waits for needs, and a yielding one hands its core to
+//! the other work for a whole time slice, so rounds take milliseconds
+//! instead of microseconds. The gate therefore keeps score: an active wait
+//! that saw its round complete counts up, one that ended in parking anyway
+//! counts down more, and while the score is not positive waiters park at
+//! once, trying an active wait again only every [`PROBE`]-th time.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 /// How long a waiter waits actively before parking.
 const ACTIVE_WAIT: Duration = Duration::from_micros(50);
+/// While active waiting does not pay, one wait in this many tries it.
+const PROBE: u32 = 256;
+/// Bounds of the score: how many recent successes it remembers.
+const SCORE_MAX: i32 = 16;
+/// What a failed active wait costs the score: waiting actively in vain
+/// costs more than parking at once loses.
+const FAILURE: i32 = 8;
 
 /// How a waiter waits actively.
 #[derive(Debug, Clone, Copy)]
@@ -91,6 +107,10 @@ pub(crate) struct ReportGate<A, O> {
     changes: AtomicU64,
     /// How waiters wait before parking (`None` with one rank).
     active: Option<Active>,
+    /// Whether active waits have been seeing their round complete lately.
+    score: AtomicI32,
+    /// Waits that parked at once, counted to probe now and then.
+    skipped: AtomicU32,
 }
 
 impl<A, O> std::fmt::Debug for ReportGate<A, O> {
@@ -126,6 +146,8 @@ impl<A, O: Clone> ReportGate<A, O> {
                 waiting: Vec::with_capacity(world_size),
             }),
             changes: AtomicU64::new(0),
+            score: AtomicI32::new(SCORE_MAX / 2),
+            skipped: AtomicU32::new(0),
             active: match world_size {
                 1 => None,
                 n if n <= cores => Some(Active::Spin),
@@ -200,7 +222,7 @@ impl<A, O: Clone> ReportGate<A, O> {
         }
 
         let deadline = Instant::now() + self.timeout;
-        let mut active = self.active;
+        let mut active = self.active.filter(|_| self.active_pays());
         loop {
             if st.aborted {
                 return Err(Err(Aborted));
@@ -244,6 +266,7 @@ impl<A, O: Clone> ReportGate<A, O> {
                         Active::Yield => std::thread::yield_now(),
                     }
                 }
+                self.keep_score(self.changes.load(Ordering::Acquire) != seen);
             }
             // A wake-up may be spurious or meant for an earlier round: the
             // state is checked again either way.
@@ -252,6 +275,26 @@ impl<A, O: Clone> ReportGate<A, O> {
             }
             st = self.lock();
         }
+    }
+
+    /// Whether this wait should wait actively: while it has paid lately,
+    /// and now and then to find out whether it pays again.
+    fn active_pays(&self) -> bool {
+        self.score.load(Ordering::Relaxed) > 0
+            || self
+                .skipped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(PROBE)
+    }
+
+    /// Count an active wait that saw its round complete (`paid`) or not.
+    fn keep_score(&self, paid: bool) {
+        let step = if paid { 1 } else { -FAILURE };
+        let _ = self
+            .score
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                Some((s + step).clamp(-SCORE_MAX, SCORE_MAX))
+            });
     }
 
     /// Tell waiters the state changed and wake those parked.
@@ -334,9 +377,19 @@ mod tests {
 
     #[test]
     fn every_way_of_waiting_hands_out_every_round() {
-        for active in [None, Some(Active::Spin), Some(Active::Yield)] {
+        // Score -SCORE_MAX: active waiting judged not to pay, so waiters
+        // park at once but for the probes.
+        let ways = [
+            (None, SCORE_MAX / 2),
+            (Some(Active::Spin), SCORE_MAX / 2),
+            (Some(Active::Yield), SCORE_MAX / 2),
+            (Some(Active::Spin), -SCORE_MAX),
+            (Some(Active::Yield), -SCORE_MAX),
+        ];
+        for (active, score) in ways {
             let mut g = ReportGate::<u32, u32>::new(6, Duration::from_secs(60));
             g.active = active;
+            g.score = AtomicI32::new(score);
             let g = Arc::new(g);
             let handles: Vec<_> = (0..6)
                 .map(|r| {
@@ -355,7 +408,7 @@ mod tests {
                 .collect();
             let expected: Vec<u32> = (0..300u32).map(|i| i * 60 + 15).collect();
             for h in handles {
-                assert_eq!(h.join().unwrap(), expected, "{active:?}");
+                assert_eq!(h.join().unwrap(), expected, "{active:?} {score}");
             }
         }
     }
