@@ -30,7 +30,13 @@ fn the_memory_limit_fails_the_rank_and_counts_toward_max_failures() {
     };
     let run = limited(
         2,
-        json!([{"alloc_mb": 100, "ranks": [1]}, {"alloc_mb": 4}]),
+        // The report orders the two: rank 0 has allocated (and said so)
+        // before rank 1 goes over the limit and the attempt is stopped.
+        json!([
+            {"alloc_mb": 4, "ranks": [0]},
+            {"report": {"step": 0}},
+            {"alloc_mb": 100, "ranks": [1]},
+        ]),
         limits,
         1,
     );
