@@ -168,14 +168,6 @@ fn held_steps() -> serde_json::Value {
     ])
 }
 
-fn signal(pid: u32, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
 #[test]
 fn a_killed_owner_of_an_s3_run_does_not_block_it() {
     let Some(moto) = servers::moto() else { return };
@@ -219,7 +211,7 @@ fn an_owner_paused_past_its_lease_is_fenced_off_when_it_wakes_up() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut paused = HostProcess::spawn(&args, tmp.path());
     paused.wait_for(|l| l.contains("committed in attempt 0"));
-    signal(paused.child.id(), "-STOP");
+    paused.signal("-STOP");
     // While it lives, the run is refused to others.
     let refused = run_bounded(&args, tmp.path(), Duration::from_secs(60));
     assert_eq!(refused.status, Some(2), "{}", refused.stderr);
@@ -254,7 +246,7 @@ fn an_owner_paused_past_its_lease_is_fenced_off_when_it_wakes_up() {
     );
     let finished = objects(&backend, bucket);
     // It wakes up, finds itself fenced off, and fails without writing.
-    signal(paused.child.id(), "-CONT");
+    paused.signal("-CONT");
     let status = paused.child.wait().unwrap();
     let mut stderr = String::new();
     std::io::Read::read_to_string(paused.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();

@@ -239,8 +239,13 @@ impl HostProcess {
 
     /// Send SIGTERM, as a scheduler preempting the machine would.
     pub fn sigterm(&self) {
+        self.signal("-TERM");
+    }
+
+    /// Send a signal (`-STOP`, `-CONT`, ...) with `kill`.
+    pub fn signal(&self, signal: &str) {
         let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([signal, &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
