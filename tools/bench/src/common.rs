@@ -1,0 +1,189 @@
+//! What the groups share: a result row, running the bench guest, timing
+//! commands and the checkpoint layouts.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use trainhost::{MetricValue, OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer};
+use trainhost_test_artifacts::BENCH_GUEST;
+
+/// One line of the results: a measure, its baseline and the goal.
+pub(crate) struct Row {
+    pub group: &'static str,
+    pub measure: String,
+    pub baseline_name: String,
+    pub baseline: f64,
+    pub ours: f64,
+    pub unit: Unit,
+    pub goal: String,
+    /// Whether the goal is met, when it is a number.
+    pub met: Option<bool>,
+}
+
+#[derive(Clone, Copy)]
+pub(crate) enum Unit {
+    Nanos,
+    Bytes,
+}
+
+impl Unit {
+    pub(crate) fn show(self, v: f64) -> String {
+        match self {
+            Unit::Nanos if v >= 1e9 => format!("{:.2} s", v / 1e9),
+            Unit::Nanos if v >= 1e6 => format!("{:.1} ms", v / 1e6),
+            Unit::Nanos if v >= 1e3 => format!("{:.1} µs", v / 1e3),
+            Unit::Nanos => format!("{v:.0} ns"),
+            Unit::Bytes => format!("{:.1} MiB", v / (1024.0 * 1024.0)),
+        }
+    }
+}
+
+/// Collects the ranks' output lines.
+#[derive(Default)]
+pub(crate) struct Lines(Mutex<Vec<String>>);
+
+impl OutputSink for Lines {
+    fn line(&self, _rank: u32, _stream: Stream, line: &str) {
+        self.0.lock().unwrap().push(line.to_owned());
+    }
+}
+
+impl Lines {
+    /// The number after `key ` in the first line that starts with it.
+    pub(crate) fn value(&self, key: &str) -> Result<u128> {
+        let lines = self.0.lock().unwrap();
+        let line = lines
+            .iter()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(' ')))
+            .with_context(|| format!("the guest printed no {key}: {lines:?}"))?;
+        Ok(line.trim().parse()?)
+    }
+}
+
+/// Run the bench guest with `config` and return the result.
+pub(crate) fn run_guest(
+    config: Value,
+    workers: u32,
+    run: RunConfig,
+    lines: Arc<Lines>,
+) -> Result<TrainResult> {
+    let result = Trainer::builder(BENCH_GUEST)
+        .train_loop_config(config)
+        .scaling_config(ScalingConfig {
+            num_workers: workers,
+        })
+        .run_config(run)
+        .output(lines)
+        .build()?
+        .fit()?;
+    if let Some(e) = &result.error {
+        bail!("the bench guest failed: {e}");
+    }
+    Ok(result)
+}
+
+pub(crate) fn local_run(storage: &Path) -> RunConfig {
+    RunConfig {
+        name: Some("bench".into()),
+        storage_path: storage.display().to_string(),
+        fresh: true,
+        ..RunConfig::default()
+    }
+}
+
+/// A float metric of the last report.
+pub(crate) fn metric(result: &TrainResult, name: &str) -> Result<f64> {
+    let metrics = result.metrics.as_ref().context("no report")?;
+    match metrics.get(name) {
+        Some(MetricValue::Float(v)) => Ok(*v),
+        Some(MetricValue::Integer(v)) => Ok(*v as f64),
+        other => bail!("metric {name} is {other:?}"),
+    }
+}
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A checkpoint of `total` bytes: half in small files, half in four large
+/// ones. (count, size) per group, as the bench guest takes them.
+pub(crate) fn layout(total: u64) -> Vec<(u32, u64)> {
+    let small = if total >= 1 << 30 {
+        256 << 10
+    } else {
+        64 << 10
+    };
+    vec![((total / 2 / small) as u32, small), (4, total / 8)]
+}
+
+pub(crate) fn size_name(total: u64) -> String {
+    if total >= 1 << 30 {
+        format!("{} GiB", total >> 30)
+    } else {
+        format!("{} MiB", total >> 20)
+    }
+}
+
+pub(crate) fn describe(layout: &[(u32, u64)]) -> String {
+    layout
+        .iter()
+        .map(|(n, s)| format!("{n} × {}", Unit::Bytes.show(*s as f64)))
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// Wall time of a command, and the CPU time it used (user + system).
+pub(crate) fn time_command(cmd: &mut Command) -> Result<(Duration, Duration)> {
+    let cpu = children_cpu();
+    let started = Instant::now();
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let wall = started.elapsed();
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok((wall, children_cpu().saturating_sub(cpu)))
+}
+
+/// Write every dirty page back to disk.
+pub(crate) fn sync() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+pub(crate) fn rusage(who: libc::c_int) -> Duration {
+    // SAFETY: getrusage writes one struct rusage, which we provide zeroed.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+pub(crate) fn self_cpu() -> Duration {
+    rusage(libc::RUSAGE_SELF)
+}
+
+pub(crate) fn children_cpu() -> Duration {
+    rusage(libc::RUSAGE_CHILDREN)
+}
+
+/// The checkpoint sizes the persist and blocked groups measure.
+pub(crate) fn checkpoint_sizes(quick: bool) -> &'static [u64] {
+    if quick {
+        &[64 << 20]
+    } else {
+        &[64 << 20, 1 << 30]
+    }
+}

@@ -1,0 +1,10 @@
+//! The measures, one module per group of BENCHMARKS.md.
+
+pub(crate) mod blocked;
+pub(crate) mod cli;
+pub(crate) mod persist;
+pub(crate) mod ranks;
+pub(crate) mod report;
+pub(crate) mod restart;
+pub(crate) mod s3;
+pub(crate) mod sgd;

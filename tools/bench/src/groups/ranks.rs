@@ -1,0 +1,99 @@
+//! Many ranks: start-up time and host memory per rank.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use trainhost::{ScalingConfig, Trainer};
+use trainhost_test_artifacts::BENCH_GUEST;
+
+use crate::common::{Lines, Row, Unit, local_run};
+use crate::goals;
+
+pub(crate) fn child_ranks(n: u32, cache: Option<&Path>) -> Result<()> {
+    let storage = tempfile::tempdir()?;
+    let started = Instant::now();
+    let mut builder = Trainer::builder(BENCH_GUEST)
+        .train_loop_config(json!({"mode": "start"}))
+        .scaling_config(ScalingConfig { num_workers: n })
+        .run_config(local_run(storage.path()))
+        .output(Arc::new(Lines::default()));
+    if let Some(cache) = cache {
+        builder = builder.compile_cache(cache);
+    }
+    let result = builder.build()?.fit()?;
+    if let Some(e) = result.error {
+        bail!("{e}");
+    }
+    let wall = started.elapsed();
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let hwm_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/self/status")?;
+    println!("{} {}", wall.as_nanos(), hwm_kb * 1024);
+    Ok(())
+}
+
+pub(crate) fn ranks(quick: bool, cache: &Path) -> Result<Vec<Row>> {
+    trainhost::bench::compile(&std::fs::read(BENCH_GUEST)?, Some(cache))?;
+    let counts: &[u32] = if quick {
+        &[1, 8]
+    } else {
+        &[1, 2, 4, 8, 16, 32, 64]
+    };
+    let mut measured = Vec::new();
+    for &n in counts {
+        let out = Command::new(std::env::current_exe()?)
+            .arg("--child-ranks")
+            .arg(n.to_string())
+            .arg("--child-cache")
+            .arg(cache)
+            .output()?;
+        if !out.status.success() {
+            bail!("{n} ranks failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8(out.stdout)?;
+        let mut parts = text.split_whitespace().map(str::parse::<f64>);
+        let (Some(Ok(wall)), Some(Ok(rss))) = (parts.next(), parts.next()) else {
+            bail!("unexpected output from the child: {text}");
+        };
+        measured.push((n, wall, rss));
+    }
+    let (_, wall1, rss1) = measured[0];
+    let mut rows = Vec::new();
+    for &(n, wall, rss) in &measured[1..] {
+        rows.push(Row {
+            group: "ranks",
+            measure: format!("{n} ranks: start, one report, end (whole fit)"),
+            baseline_name: "1 rank".into(),
+            baseline: wall1,
+            ours: wall,
+            unit: Unit::Nanos,
+            goal: format!(
+                "informational: {:.2} ms per extra rank",
+                (wall - wall1) / 1e6 / f64::from(n - 1)
+            ),
+            met: None,
+        });
+        rows.push(Row {
+            group: "ranks",
+            measure: format!("{n} ranks: peak host memory"),
+            baseline_name: "1 rank".into(),
+            baseline: rss1,
+            ours: rss,
+            unit: Unit::Bytes,
+            goal: format!(
+                "≤ {} MiB per rank: {:.2} MiB per extra rank",
+                goals::RANK_MIB,
+                (rss - rss1) / (1024.0 * 1024.0) / f64::from(n - 1)
+            ),
+            met: Some((rss - rss1) / (1024.0 * 1024.0) / f64::from(n - 1) <= goals::RANK_MIB),
+        });
+    }
+    Ok(rows)
+}

@@ -1,0 +1,123 @@
+//! `report` without a checkpoint: per round, quiet and under load.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Result;
+use serde_json::json;
+use trainhost::RunConfig;
+
+use crate::common::{Row, Unit, local_run, metric, run_guest};
+use crate::goals;
+
+pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
+    let reports = if quick { 2_000 } else { 20_000 };
+    let mut rows = Vec::new();
+    let storage = tempfile::tempdir()?;
+    let mut blocking_ns = 0.0;
+    for (workers, background) in [(1, false), (1, true), (2, true), (4, true), (16, true)] {
+        let result = run_guest(
+            json!({"mode": "report", "reports": reports}),
+            workers,
+            RunConfig {
+                persist_in_background: background,
+                ..local_run(storage.path())
+            },
+            Arc::default(),
+        )?;
+        let (report_ns, call_ns) = (metric(&result, "report_ns")?, metric(&result, "call_ns")?);
+        if !background {
+            blocking_ns = report_ns;
+            continue;
+        }
+        rows.push(Row {
+            group: "report",
+            measure: format!("`report` without checkpoint, {workers} rank(s)"),
+            baseline_name: "a trivial host call (`world-rank`)".into(),
+            baseline: call_ns,
+            ours: report_ns,
+            unit: Unit::Nanos,
+            goal: format!(
+                "≤ {} µs a round (Ray: 2 s default, 4 ms tuned)",
+                goals::REPORT_NS / 1e3
+            ),
+            met: Some(report_ns <= goals::REPORT_NS),
+        });
+        if workers > 1 {
+            // The same with every core busy with other work, as on a shared
+            // training machine: a waiting rank must not take the core the
+            // rank it waits for needs.
+            let load = Load::start();
+            let result = run_guest(
+                json!({"mode": "report", "reports": reports}),
+                workers,
+                local_run(storage.path()),
+                Arc::default(),
+            )?;
+            drop(load);
+            let (loaded_ns, call_ns) = (metric(&result, "report_ns")?, metric(&result, "call_ns")?);
+            rows.push(Row {
+                group: "report",
+                measure: format!(
+                    "`report` without checkpoint, {workers} rank(s), a busy thread on every core"
+                ),
+                baseline_name: "a trivial host call (`world-rank`), same load".into(),
+                baseline: call_ns,
+                ours: loaded_ns,
+                unit: Unit::Nanos,
+                goal: format!("≤ {} µs a round", goals::REPORT_NS / 1e3),
+                met: Some(loaded_ns <= goals::REPORT_NS),
+            });
+        }
+        if workers == 1 {
+            rows.push(Row {
+                group: "report",
+                measure: "`report` without checkpoint, 1 rank: background vs --wait-for-upload"
+                    .into(),
+                baseline_name: "--wait-for-upload (history stored per report)".into(),
+                baseline: blocking_ns,
+                ours: report_ns,
+                unit: Unit::Nanos,
+                goal: goals::comparison("what waiting for storage costs"),
+                met: None,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// One CPU-bound thread per core, competing with the ranks until dropped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! Uploading to S3 against `aws s3 cp`.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use trainhost::StorageOptions;
+
+use crate::common::{Row, Unit, describe, median, self_cpu, time_command};
+use crate::goals;
+
+/// A moto S3 server on loopback, stopped on drop.
+struct Moto(std::process::Child, u16);
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_moto() -> Result<Moto> {
+    let bin = std::env::var("TRAINHOST_MOTO_SERVER")
+        .context("TRAINHOST_MOTO_SERVER is not set (scripts/bench.sh installs moto)")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = Command::new(&bin)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {bin}"))?;
+    let moto = Moto(child, port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            bail!("moto did not start on port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(moto)
+}
+
+pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
+    let aws = std::env::var("TRAINHOST_AWS_CLI")
+        .context("TRAINHOST_AWS_CLI is not set (scripts/bench.sh installs the AWS CLI v1)")?;
+    let moto = start_moto()?;
+    let endpoint = format!("http://127.0.0.1:{}", moto.1);
+    let bucket = "bench";
+    // SAFETY: set before any thread of ours reads the environment.
+    for (k, v) in [
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ] {
+        unsafe { std::env::set_var(k, v) };
+    }
+    time_command(Command::new(&aws).args([
+        "s3",
+        "mb",
+        &format!("s3://{bucket}"),
+        "--endpoint-url",
+        &endpoint,
+    ]))?;
+    let work = tempfile::tempdir()?;
+    let layout = [(if quick { 2 } else { 8 }, 16u64 << 20)];
+    trainhost_bench_kernel::write_layout(work.path(), &layout, 1)?;
+    let options = StorageOptions {
+        options: vec![
+            ("aws_endpoint".into(), endpoint.clone()),
+            ("allow_http".into(), "true".into()),
+        ],
+        ..StorageOptions::default()
+    };
+    let (mut aw, mut ac, mut ow, mut oc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..reps {
+        let (wall, cpu) = time_command(
+            Command::new(&aws)
+                .args(["s3", "cp", "--recursive", "--quiet"])
+                .arg(work.path())
+                .arg(format!("s3://{bucket}/aws-{i}"))
+                .args(["--endpoint-url", &endpoint]),
+        )?;
+        aw.push(wall.as_nanos() as f64);
+        ac.push(cpu.as_nanos() as f64);
+        let cpu = self_cpu();
+        let started = Instant::now();
+        trainhost::bench::persist_directory(
+            work.path(),
+            &format!("s3://{bucket}"),
+            &format!("ours-{i}"),
+            &options,
+        )?;
+        ow.push(started.elapsed().as_nanos() as f64);
+        oc.push(self_cpu().saturating_sub(cpu).as_nanos() as f64);
+    }
+    let what = describe(&layout);
+    let (aw, ac, ow, oc) = (median(aw), median(ac), median(ow), median(oc));
+    Ok(vec![
+        Row {
+            group: "s3",
+            measure: format!("upload {what} to S3 (moto on loopback), wall"),
+            baseline_name: "`aws s3 cp --recursive` (awscli v1)".into(),
+            baseline: aw,
+            ours: ow,
+            unit: Unit::Nanos,
+            goal: format!(
+                "≥ {}× faster (ratio ≤ {:.2})",
+                goals::S3_SPEEDUP,
+                1.0 / goals::S3_SPEEDUP
+            ),
+            met: Some(ow * goals::S3_SPEEDUP <= aw),
+        },
+        Row {
+            group: "s3",
+            measure: format!("upload {what} to S3, CPU time of the uploading process"),
+            baseline_name: "`aws s3 cp --recursive` (awscli v1)".into(),
+            baseline: ac,
+            ours: oc,
+            unit: Unit::Nanos,
+            goal: format!("≤ {} × its CPU", goals::S3_CPU_SHARE),
+            met: Some(oc <= goals::S3_CPU_SHARE * ac),
+        },
+    ])
+}

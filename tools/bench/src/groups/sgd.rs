@@ -1,0 +1,98 @@
+//! The guest's maths against the same code run natively.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use serde_json::json;
+use trainhost::{Interruption, ResourceLimits, RunConfig};
+
+use crate::common::{Row, Unit, local_run, median, metric, run_guest};
+use crate::goals;
+
+pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
+    let (steps, dim, batch) = (if quick { 2_000 } else { 20_000 }, 256, 64);
+    let native = || trainhost_bench_kernel::time_sgd(steps, dim, batch);
+    let storage = tempfile::tempdir()?;
+    let config = json!({"mode": "sgd", "steps": steps, "dim": dim, "batch": batch});
+    let guest = |limits: ResourceLimits, interruption: Interruption| -> Result<(f64, f64)> {
+        let result = run_guest(
+            config.clone(),
+            1,
+            RunConfig {
+                limits,
+                interruption,
+                ..local_run(storage.path())
+            },
+            Arc::default(),
+        )?;
+        Ok((metric(&result, "step_ns")?, metric(&result, "loss")?))
+    };
+    let limited = ResourceLimits {
+        max_memory: Some(1 << 30),
+        stall_timeout: Some(Duration::from_secs(600)),
+        attempt_timeout: Some(Duration::from_secs(3600)),
+        max_output_rate: Some(1 << 20),
+        max_checkpoint_bytes: Some(1 << 30),
+        ..ResourceLimits::default()
+    };
+    let unlimited = ResourceLimits {
+        max_memory: None,
+        stall_timeout: None,
+        attempt_timeout: None,
+        max_output_rate: None,
+        max_checkpoint_bytes: None,
+        ..ResourceLimits::default()
+    };
+    let (mut n, mut g, mut h, mut l) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let (native_ns, native_loss) = native();
+        let (guest_ns, guest_loss) = guest(unlimited.clone(), Interruption::Anywhere)?;
+        let (calls_ns, calls_loss) = guest(unlimited.clone(), Interruption::AtHostCalls)?;
+        let (limited_ns, _) = guest(limited.clone(), Interruption::Anywhere)?;
+        for loss in [guest_loss, calls_loss] {
+            if (f64::from(native_loss) - loss).abs() > 1e-3 * loss.abs().max(1e-6) {
+                bail!("native and guest SGD disagree: loss {native_loss} vs {loss}");
+            }
+        }
+        n.push(native_ns);
+        g.push(guest_ns);
+        h.push(calls_ns);
+        l.push(limited_ns);
+    }
+    let (n, g, h, l) = (median(n), median(g), median(h), median(l));
+    Ok(vec![
+        Row {
+            group: "sgd",
+            measure: format!(
+                "SGD step, linear model, {dim} features × {batch} rows (guest: release, simd128)"
+            ),
+            baseline_name: "the same Rust code compiled natively (release)".into(),
+            baseline: n,
+            ours: g,
+            unit: Unit::Nanos,
+            goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
+            met: Some(g <= goals::SGD_VS_NATIVE * n),
+        },
+        Row {
+            group: "sgd",
+            measure: "SGD step as above, `--interrupt host-calls` (no epoch checks in the guest's loops)".into(),
+            baseline_name: "the same Rust code compiled natively (release)".into(),
+            baseline: n,
+            ours: h,
+            unit: Unit::Nanos,
+            goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
+            met: Some(h <= goals::SGD_VS_NATIVE * n),
+        },
+        Row {
+            group: "sgd",
+            measure: "SGD step in the guest with every limit set (memory, stall, wall clock, output, checkpoint size)".into(),
+            baseline_name: "the same guest without limits".into(),
+            baseline: g,
+            ours: l,
+            unit: Unit::Nanos,
+            goal: goals::comparison("what the limits cost"),
+            met: None,
+        },
+    ])
+}
