@@ -10,14 +10,27 @@ use crate::persist::{capture, merge, persist};
 use crate::runtime::CompileCache;
 use crate::storage::Storage;
 
-/// Persist the files below `dir` to `<storage>/<name>` as a checkpoint's
-/// files are persisted (streamed, hashed, eight at a time), without a
-/// manifest. Returns the number of files and bytes.
+/// How durable [`persist_directory`] leaves the files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// As a commit does before writing the manifest: every file and the
+    /// directories naming them flushed to disk.
+    OnDisk,
+    /// Local files left in the page cache, for a comparison with a copy
+    /// that is not flushed either. (Object stores are durable anyway.)
+    PageCache,
+}
+
+/// Persist the files below `dir` to `<storage>/<name>` as a commit
+/// persists a checkpoint's files (streamed, hashed, several at a time, then
+/// made durable as `durability` says), without a manifest. Returns the
+/// number of files and bytes.
 pub fn persist_directory(
     dir: &Path,
     storage: &str,
     name: &str,
     options: &StorageOptions,
+    durability: Durability,
 ) -> Result<(usize, u64), Error> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -39,8 +52,18 @@ pub fn persist_directory(
     let captured = capture(0, handle, &shown).map_err(|e| Error::InvalidConfig(e.to_string()))?;
     let plan = merge(vec![captured])
         .map_err(|_| Error::InvalidConfig("one capture cannot collide with itself".into()))?;
-    let dest = Storage::open(&Location::parse(storage)?, options)?.child(name);
-    let (entries, _) = rt.block_on(persist(&dest, &plan, None))?;
+    let mut dest = Storage::open(&Location::parse(storage)?, options)?.child(name);
+    if durability == Durability::PageCache {
+        dest = dest.without_flush();
+    }
+    let (entries, _) = rt.block_on(async {
+        let persisted = persist(&dest, &plan, None).await?;
+        if durability == Durability::OnDisk {
+            let files = persisted.0.iter().map(|e| e.path.clone()).collect();
+            dest.sync_uploads(files).await?;
+        }
+        Ok::<_, Error>(persisted)
+    })?;
     Ok((entries.len(), entries.iter().map(|e| e.size).sum()))
 }
 

@@ -98,7 +98,8 @@ impl Ledger {
         };
         let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
         // The manifest is written after every file is durable (R11).
-        dest.sync_uploads().await?;
+        dest.sync_uploads(manifest.files.iter().map(|f| f.path.clone()).collect())
+            .await?;
         dest.put(layout::MANIFEST, Bytes::from(json)).await?;
         tracing::info!(
             checkpoint = %dest.url(),

@@ -1,5 +1,5 @@
 //! Sending a planned checkpoint's files to storage: each file once,
-//! hashed on the way, eight at a time, or not at all when the previous
+//! hashed on the way, several at a time, or not at all when the previous
 //! checkpoint holds the same bytes (incremental upload).
 
 use std::collections::HashMap;
@@ -12,8 +12,15 @@ use crate::error::Error;
 use crate::record::FileEntry;
 use crate::storage::{Meter, Storage};
 
-/// How many files are uploaded at once.
+/// How many files are uploaded at once to an object store. Each holds up
+/// to a few multipart parts in memory.
 const CONCURRENT_FILES: usize = 8;
+/// How many files are written at once to local storage. Each holds a
+/// 1 MiB buffer at most, and most of its time waits for its `fdatasync`:
+/// with more files in flight, one file's flush overlaps the others'
+/// writes (64 MiB of files flushed 1.4 to 1.8 times slower than `cp -r` +
+/// `sync` with 8 at a time, 1.0 to 1.4 times with 32).
+const CONCURRENT_LOCAL_FILES: usize = 32;
 
 /// The checkpoint committed before this one, whose files a new checkpoint
 /// may share instead of sending them again.
@@ -70,7 +77,11 @@ pub(crate) async fn persist(
         })
         .collect();
     let done: Vec<(FileEntry, bool)> = futures::stream::iter(uploads)
-        .buffer_unordered(CONCURRENT_FILES)
+        .buffer_unordered(if dest.local_path().is_some() {
+            CONCURRENT_LOCAL_FILES
+        } else {
+            CONCURRENT_FILES
+        })
         .try_collect()
         .await?;
     meter.finish();

@@ -5,6 +5,14 @@
 //! and a rename, which dominate for checkpoints of many small files. Here
 //! one blocking task creates the file, reads, hashes and writes it.
 //!
+//! Each file is made durable (`fdatasync`) by the task that wrote it, as
+//! soon as it is written: with several files in flight, one file's flush
+//! overlaps the others' writes, and only the checkpoint's own pages are
+//! flushed. Flushing the whole file system once (`syncfs`) was as fast on
+//! a quiet machine but wrote back every other process's dirty pages too,
+//! and took as long as they did. The directories naming the files are
+//! flushed once all are written ([`sync_directories`]).
+//!
 //! The file is written in place, not staged and renamed: checkpoint files
 //! are written into a checkpoint directory that nothing reads until its
 //! manifest is committed, and a run cleans up uncommitted directories, so
@@ -25,7 +33,8 @@ use crate::error::Error;
 const CHUNK: usize = 1 << 20;
 
 /// Copy `file` (`size` bytes, named `shown` in errors) to `target`, hashing
-/// it unless `known_sha256` is given. Returns the SHA-256.
+/// it unless `known_sha256` is given, and flush it to disk if `flush`.
+/// Returns the SHA-256.
 pub(super) fn write_file(
     mut file: File,
     shown: &str,
@@ -33,6 +42,7 @@ pub(super) fn write_file(
     size: u64,
     known_sha256: Option<String>,
     meter: &Meter,
+    flush: bool,
 ) -> Result<String, Error> {
     let mut out = create(target)?;
     let mut hasher = FileDigest::new(known_sha256);
@@ -60,6 +70,15 @@ pub(super) fn write_file(
         meter.inc(n as u64);
     }
     check_size(shown, size, read)?;
+    // fdatasync reports the file's write-back errors, so a file that did
+    // not reach the disk fails the commit.
+    if flush {
+        out.sync_data().map_err(|source| Error::Io {
+            path: target.to_path_buf(),
+            operation: "flush a checkpoint file to disk",
+            source,
+        })?;
+    }
     Ok(hasher.finish())
 }
 
@@ -97,27 +116,47 @@ fn create(target: &Path) -> Result<File, Error> {
     ))
 }
 
-/// Flush every file written on the file system holding `dir` to its
-/// device, and the directory entries naming them.
-pub(super) fn sync_file_system(dir: &Path) -> Result<(), Error> {
-    let io_err = |source| Error::Io {
-        path: dir.to_path_buf(),
-        operation: "flush checkpoint files to disk",
-        source,
-    };
-    // A checkpoint without files has no directory; its file system is
-    // its parent's.
-    let existing = dir.ancestors().find(|d| d.is_dir()).unwrap_or(dir);
-    let handle = File::open(existing).map_err(io_err)?;
-    // syncfs reports write-back errors of the file system (Linux 5.8+), so
-    // a file that failed to reach the disk fails the commit.
-    #[cfg(target_os = "linux")]
-    rustix::fs::syncfs(&handle).map_err(|e| io_err(e.into()))?;
-    // Elsewhere (not tested here), sync(2) flushes every file system.
-    #[cfg(not(target_os = "linux"))]
-    {
-        drop(handle);
-        rustix::fs::sync();
+/// Flush the directory entries of a checkpoint's files to disk: every
+/// directory from each file's up to `root` (the checkpoint's directory),
+/// and `root`'s parent, which names it. The files' contents were flushed
+/// by [`write_file`]; files linked from the previous checkpoint were
+/// flushed when it was committed. Directories that do not exist (a
+/// checkpoint without files has none) are skipped.
+pub(super) fn sync_directories<'a>(
+    root: &Path,
+    files: impl IntoIterator<Item = &'a str>,
+) -> Result<(), Error> {
+    let mut dirs = std::collections::BTreeSet::new();
+    if let Some(parent) = root.parent() {
+        dirs.insert(parent.to_path_buf());
+    }
+    dirs.insert(root.to_path_buf());
+    for file in files {
+        let mut dir = Path::new(file).parent();
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            if !dirs.insert(root.join(d)) {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+    for dir in dirs {
+        let handle = match File::open(&dir) {
+            Ok(handle) => handle,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(Error::Io {
+                    path: dir,
+                    operation: "open a checkpoint directory to flush it",
+                    source,
+                });
+            }
+        };
+        handle.sync_all().map_err(|source| Error::Io {
+            path: dir.clone(),
+            operation: "flush a checkpoint directory to disk",
+            source,
+        })?;
     }
     Ok(())
 }
@@ -143,6 +182,7 @@ mod tests {
             3,
             None,
             &Meter::default(),
+            true,
         )
         .unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"abc");
@@ -167,6 +207,7 @@ mod tests {
             9,
             Some("given".into()),
             &Meter::default(),
+            true,
         )
         .unwrap();
         assert_eq!(std::fs::read(&target).unwrap(), b"new bytes");
@@ -184,6 +225,7 @@ mod tests {
                 listed,
                 None,
                 &Meter::default(),
+                true,
             )
             .unwrap_err();
             let Error::Io { source, .. } = &err else {
@@ -199,11 +241,13 @@ mod tests {
     }
 
     #[test]
-    fn syncs_the_file_system_of_a_checkpoint_without_a_directory() {
+    fn syncs_nested_directories_and_skips_missing_ones() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("weights.bin"), b"abc").unwrap();
-        sync_file_system(dir.path()).unwrap();
+        let root = dir.path().join("checkpoint_000001");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/b/weights.bin"), b"abc").unwrap();
+        sync_directories(&root, ["a/b/weights.bin", "top.bin"]).unwrap();
         // An empty checkpoint has no directory of its own.
-        sync_file_system(&dir.path().join("checkpoint_000000")).unwrap();
+        sync_directories(&dir.path().join("checkpoint_000000"), []).unwrap();
     }
 }

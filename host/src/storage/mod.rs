@@ -49,6 +49,10 @@ pub struct Storage {
     progress: bool,
     /// When set, writes happen only while this host owns the location.
     fence: Option<Arc<Fence>>,
+    /// Whether local checkpoint files are flushed to disk as they are
+    /// written. Always, except in the benchmark suite's comparison with a
+    /// copy left in the page cache.
+    flush: bool,
 }
 
 impl Storage {
@@ -66,6 +70,7 @@ impl Storage {
                 url: location.to_string(),
                 progress: false,
                 fence: None,
+                flush: true,
             }),
             Location::ObjectStore(url) => {
                 let (store, root) = backends::cloud(url.as_str(), url, options)?;
@@ -76,6 +81,7 @@ impl Storage {
                     url: url.as_str().to_owned(),
                     progress: options.progress,
                     fence: None,
+                    flush: true,
                 })
             }
         }
@@ -92,6 +98,7 @@ impl Storage {
             url: url.to_owned(),
             progress: false,
             fence: None,
+            flush: true,
         }
     }
 
@@ -154,6 +161,7 @@ impl Storage {
             url: abs.display().to_string(),
             progress,
             fence: None,
+            flush: true,
         })
     }
 
@@ -172,6 +180,18 @@ impl Storage {
             url,
             progress: self.progress,
             fence: self.fence.clone(),
+            flush: self.flush,
+        }
+    }
+
+    /// This location, with local checkpoint files left in the page cache
+    /// instead of flushed: only for timing against a copy that is not
+    /// flushed either. A commit from here would not be durable.
+    #[cfg(feature = "bench")]
+    pub(crate) fn without_flush(self) -> Self {
+        Self {
+            flush: false,
+            ..self
         }
     }
 

@@ -23,24 +23,25 @@ const PART_SIZE: usize = 8 * 1024 * 1024;
 const MAX_PARTS_IN_FLIGHT: usize = 4;
 
 impl Storage {
-    /// Make the files [`Storage::upload_file`] wrote durable: they survive
-    /// a power loss once this returns. A manifest must not be written
-    /// before (R11). Object stores and `object_store`'s own local writes
-    /// are durable when their call returns, so this only acts on local
-    /// storage, whose checkpoint files are written directly and left to
-    /// the page cache until one sync of the whole file system, far cheaper
-    /// than a sync per file for checkpoints of many files.
-    pub async fn sync_uploads(&self) -> Result<(), Error> {
+    /// Make the files [`Storage::upload_file`] wrote (`files`, relative to
+    /// this storage) durable: they survive a power loss once this returns.
+    /// A manifest must not be written before (R11). Object stores, and
+    /// `object_store`'s own local writes, are durable when their call
+    /// returns; a local checkpoint file is flushed by the task that wrote
+    /// it, so what is left here is the directories naming the files.
+    pub async fn sync_uploads(&self, files: Vec<String>) -> Result<(), Error> {
         let Some(dir) = self.local_path().map(Path::to_path_buf) else {
             return Ok(());
         };
-        tokio::task::spawn_blocking(move || local::sync_file_system(&dir))
-            .await
-            .map_err(|e| Error::Io {
-                path: self.url.clone().into(),
-                operation: "sync the file system",
-                source: std::io::Error::other(e),
-            })?
+        tokio::task::spawn_blocking(move || {
+            local::sync_directories(&dir, files.iter().map(String::as_str))
+        })
+        .await
+        .map_err(|e| Error::Io {
+            path: self.url.clone().into(),
+            operation: "flush checkpoint directories",
+            source: std::io::Error::other(e),
+        })?
     }
 
     /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256
@@ -63,9 +64,9 @@ impl Storage {
             let target = local
                 .path_to_filesystem(&location)
                 .map_err(|e| self.error(format!("upload {relative}"), e))?;
-            let (shown, meter) = (relative.to_owned(), meter.clone());
+            let (shown, meter, flush) = (relative.to_owned(), meter.clone(), self.flush);
             return tokio::task::spawn_blocking(move || {
-                local::write_file(file, &shown, &target, size, known_sha256, &meter)
+                local::write_file(file, &shown, &target, size, known_sha256, &meter, flush)
             })
             .await
             .map_err(|e| Error::Io {

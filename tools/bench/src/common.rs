@@ -22,6 +22,36 @@ pub(crate) struct Row {
     pub goal: String,
     /// Whether the goal is met, when it is a number.
     pub met: Option<bool>,
+    /// The lowest and highest ratio of ours to the baseline over the
+    /// repetitions, each taken in the same repetition: how far a re-run
+    /// may move the ratio. `None` for a single measure.
+    pub spread: Option<(f64, f64)>,
+}
+
+/// Paired samples of a measure and its baseline, one pair per repetition.
+#[derive(Default, Clone)]
+pub(crate) struct Paired {
+    pub baseline: Vec<f64>,
+    pub ours: Vec<f64>,
+}
+
+impl Paired {
+    pub(crate) fn push(&mut self, baseline: f64, ours: f64) {
+        self.baseline.push(baseline);
+        self.ours.push(ours);
+    }
+
+    /// The medians of both.
+    pub(crate) fn medians(&self) -> (f64, f64) {
+        (median(self.baseline.clone()), median(self.ours.clone()))
+    }
+
+    /// The range of the per-repetition ratios, when there are several.
+    pub(crate) fn spread(&self) -> Option<(f64, f64)> {
+        let ratios = self.baseline.iter().zip(&self.ours).map(|(b, o)| o / b);
+        let (lo, hi) = ratios.fold((f64::INFINITY, 0f64), |(lo, hi), r| (lo.min(r), hi.max(r)));
+        (self.ours.len() > 1).then_some((lo, hi))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -119,6 +149,11 @@ pub(crate) fn layout(total: u64) -> Vec<(u32, u64)> {
         64 << 10
     };
     vec![((total / 2 / small) as u32, small), (4, total / 8)]
+}
+
+/// A checkpoint of `total` bytes as `count` files of one size.
+pub(crate) fn small_files_layout(total: u64, count: u32) -> Vec<(u32, u64)> {
+    vec![(count, total / u64::from(count))]
 }
 
 pub(crate) fn size_name(total: u64) -> String {

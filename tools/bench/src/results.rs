@@ -10,17 +10,19 @@ use crate::goals;
 
 pub(crate) fn markdown(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| group | measure | baseline | baseline value | ours | ratio (ours / baseline) | goal | met |\n|---|---|---|---:|---:|---:|---|---|\n",
+        "| group | measure | baseline | baseline value | ours | ratio (ours / baseline), range over repetitions | goal | met |\n|---|---|---|---:|---:|---:|---|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.3} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.3}{} | {} | {} |\n",
             r.group,
             r.measure,
             r.baseline_name,
             r.unit.show(r.baseline),
             r.unit.show(r.ours),
             r.ours / r.baseline,
+            r.spread
+                .map_or(String::new(), |(lo, hi)| format!(" ({lo:.2}–{hi:.2})")),
             r.goal,
             match r.met {
                 Some(true) => "yes",

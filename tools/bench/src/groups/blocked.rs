@@ -60,6 +60,7 @@ pub(crate) fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: blocked_goal(total),
             met: (total == 64 << 20).then_some(background.0 <= goals::BLOCKED_64MIB_NS),
+            spread: None,
         });
         rows.push(Row {
             group: "blocked",
@@ -70,6 +71,7 @@ pub(crate) fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: blocked_goal(total),
             met: (total == 64 << 20).then_some(background.1 <= goals::BLOCKED_64MIB_NS),
+            spread: None,
         });
         rows.push(Row {
             group: "blocked",
@@ -80,6 +82,7 @@ pub(crate) fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: goals::comparison("locally every file is still read and hashed"),
             met: None,
+            spread: None,
         });
     }
     Ok(rows)

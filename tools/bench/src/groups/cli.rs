@@ -52,5 +52,6 @@ pub(crate) fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
             goals::CLI_WARM_NS / 1e9
         ),
         met: Some(warm <= goals::CLI_WARM_NS),
+        spread: None,
     }])
 }

@@ -42,6 +42,7 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
                 goals::REPORT_NS / 1e3
             ),
             met: Some(report_ns <= goals::REPORT_NS),
+            spread: None,
         });
         if workers > 1 {
             // The same with every core busy with other work, as on a shared
@@ -67,6 +68,7 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
                 unit: Unit::Nanos,
                 goal: format!("≤ {} µs a round", goals::REPORT_NS / 1e3),
                 met: Some(loaded_ns <= goals::REPORT_NS),
+                spread: None,
             });
         }
         if workers == 1 {
@@ -80,6 +82,7 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
                 unit: Unit::Nanos,
                 goal: goals::comparison("what waiting for storage costs"),
                 met: None,
+                spread: None,
             });
         }
     }

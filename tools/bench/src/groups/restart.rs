@@ -54,5 +54,6 @@ pub(crate) fn restart(reps: usize, cache: &Path) -> Result<Vec<Row>> {
             goals::RESTART_NS / 1e6
         ),
         met: Some(again <= goals::RESTART_NS),
+        spread: None,
     }])
 }

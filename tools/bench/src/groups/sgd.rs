@@ -73,6 +73,7 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
             met: Some(g <= goals::SGD_VS_NATIVE * n),
+            spread: None,
         },
         Row {
             group: "sgd",
@@ -83,6 +84,7 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
             met: Some(h <= goals::SGD_VS_NATIVE * n),
+            spread: None,
         },
         Row {
             group: "sgd",
@@ -93,6 +95,7 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: goals::comparison("what the limits cost"),
             met: None,
+            spread: None,
         },
     ])
 }
