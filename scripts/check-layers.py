@@ -38,10 +38,11 @@ LAYERS = [
 
 # module -> {module below it: the only names it may take from there}
 NARROW = {
-    # The runtime knows an attempt only through the handle it gives a rank,
-    # and nothing of how checkpoints are written, recorded or read.
+    # The runtime knows an attempt only through the handle it gives a rank
+    # (and the types its calls take and return), and nothing of how
+    # checkpoints are written, recorded or read.
     "runtime": {
-        "attempt": {"RankHandle", "RankEnd", "Refused", "Aborted"},
+        "attempt": {"RankHandle", "RankEnd", "Refused", "Aborted", "Reported", "HandOver"},
         "persist": set(),
         "ledger": set(),
         "record": set(),

@@ -141,6 +141,7 @@ pub fn config<T: serde::de::DeserializeOwned>() -> Result<T, Error> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
     path: PathBuf,
+    hand_over: bool,
 }
 
 impl Checkpoint {
@@ -149,6 +150,34 @@ impl Checkpoint {
     pub fn from_directory(path: impl AsRef<Path>) -> Self {
         Self {
             path: path.as_ref().to_path_buf(),
+            hand_over: false,
+        }
+    }
+
+    /// Hand the directory's files over to the host when reported, instead
+    /// of letting it copy them (Ray's `delete_local_checkpoint_after_upload`):
+    /// [`report`] moves the directory out of the sandbox in one rename and
+    /// returns without reading a byte, however large the checkpoint; the
+    /// directory is empty when it returns, whatever became of the report.
+    /// Use it when the loop writes every checkpoint afresh. The directory
+    /// must be below [`scratch_dir`] (not the scratch directory itself).
+    ///
+    /// ```no_run
+    /// # fn save(dir: &std::path::Path) {}
+    /// let dir = trainhost_guest::scratch_dir().join("checkpoint");
+    /// std::fs::create_dir_all(&dir)?;
+    /// save(&dir);
+    /// trainhost_guest::report(
+    ///     trainhost_guest::Metrics::new().with("epoch", 1),
+    ///     Some(trainhost_guest::Checkpoint::from_directory(&dir).hand_over()),
+    /// )?;
+    /// assert!(std::fs::read_dir(&dir)?.next().is_none(), "the files are the host's now");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hand_over(self) -> Self {
+        Self {
+            hand_over: true,
+            ..self
         }
     }
 
@@ -208,24 +237,25 @@ pub fn preemption_requested() -> bool {
 /// bytes.
 ///
 /// When this returns, the checkpoint directory may be deleted, reused or
-/// rewritten in place.
+/// rewritten in place. A checkpoint made with [`Checkpoint::hand_over`] is
+/// not copied but moved: `report` then returns at once, with the directory
+/// empty.
 pub fn report(metrics: impl Into<Metrics>, checkpoint: Option<Checkpoint>) -> Result<(), Error> {
-    let metrics: Metrics = metrics.into();
-    let checkpoint = match checkpoint {
-        Some(c) => Some(
-            c.path
-                .to_str()
-                .ok_or_else(|| {
-                    Error::InvalidCheckpoint(format!(
-                        "checkpoint path {} is not valid UTF-8",
-                        c.path.display()
-                    ))
-                })?
-                .to_owned(),
-        ),
-        None => None,
+    let metrics = Into::<Metrics>::into(metrics).to_wit();
+    let Some(checkpoint) = checkpoint else {
+        return session::report(&metrics, None).map_err(Error::from);
     };
-    session::report(&metrics.to_wit(), checkpoint.as_deref()).map_err(Error::from)
+    let path = checkpoint.path.to_str().ok_or_else(|| {
+        Error::InvalidCheckpoint(format!(
+            "checkpoint path {} is not valid UTF-8",
+            checkpoint.path.display()
+        ))
+    })?;
+    if checkpoint.hand_over {
+        session::report_handing_over(&metrics, path).map_err(Error::from)
+    } else {
+        session::report(&metrics, Some(path)).map_err(Error::from)
+    }
 }
 
 /// Why a call into trainhost failed.

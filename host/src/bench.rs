@@ -60,7 +60,7 @@ pub fn persist_directory(
         let persisted = persist(&dest, &plan, None).await?;
         if durability == Durability::OnDisk {
             let files = persisted.0.iter().map(|e| e.path.clone()).collect();
-            dest.sync_uploads(files).await?;
+            dest.sync_uploads(files, false).await?;
         }
         Ok::<_, Error>(persisted)
     })?;

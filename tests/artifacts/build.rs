@@ -28,6 +28,11 @@ const GUESTS: &[(&str, &str, &str)] = &[
         "TRAINHOST_OTHER_WIT",
     ),
     (
+        "trainhost-test-guest-wit-0-1-0",
+        "trainhost_test_guest_wit_0_1_0",
+        "TRAINHOST_WIT_0_1_0",
+    ),
+    (
         "linear-regression",
         "linear_regression",
         "TRAINHOST_LINEAR_REGRESSION",
@@ -54,6 +59,7 @@ fn main() {
         "guest-sdk",
         "tests/guests",
         "tests/guest-other-wit",
+        "tests/guest-wit-0-1-0",
         "examples/linear-regression",
         "examples/quickstart",
         "tools/bench/guest",

@@ -1,5 +1,6 @@
 //! What a rank may do with its attempt: the runtime's only view of it.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use cap_std::fs::Dir;
@@ -8,7 +9,7 @@ use super::{Aborted, Shared};
 use crate::config::{NotAScore, human_bytes};
 use crate::failure::RunFailure;
 use crate::metrics::Metrics;
-use crate::persist::{CaptureError, Collision, capture};
+use crate::persist::{CaptureError, Collision, HandedOver, capture};
 
 /// A report the guest gets back as an error; the run goes on, and a
 /// refusal before the ranks meet does not count as the rank's report.
@@ -31,6 +32,25 @@ pub(crate) enum Refused {
     /// Ranks wrote different bytes under one path (R7).
     #[error(transparent)]
     Collision(#[from] Collision),
+    /// The directory could not be handed over (`report-handing-over`).
+    #[error(transparent)]
+    HandOver(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Moves a reported directory out of the rank's sandbox to the host path
+/// it is given (`report-handing-over`).
+pub(crate) type HandOver<'a> =
+    &'a dyn Fn(&Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// A checkpoint directory a rank reports.
+pub(crate) struct Reported<'a> {
+    /// The directory, opened inside the rank's sandbox.
+    pub dir: Dir,
+    /// The path as the guest wrote it.
+    pub shown: &'a str,
+    /// Set when the guest hands the directory over: called once its files
+    /// are listed and accepted, so a refused directory stays where it is.
+    pub hand_over: Option<HandOver<'a>>,
 }
 
 /// How a rank ended.
@@ -83,19 +103,18 @@ impl RankHandle {
         Ok(self.attempt.ledger.retention().check_metrics(metrics)?)
     }
 
-    /// The rank's part of the next collective report (R6): `checkpoint` is
-    /// the directory the guest named, opened inside its sandbox, and the
-    /// path as the guest wrote it. Returns once the report is recorded (or
-    /// committed, in the blocking mode), with a refusal the guest sees, or
-    /// `Aborted` if the attempt is stopping.
+    /// The rank's part of the next collective report (R6), with the
+    /// checkpoint directory the guest named, if any. Returns once the
+    /// report is recorded (or committed, in the blocking mode), with a
+    /// refusal the guest sees, or `Aborted` if the attempt is stopping.
     pub fn report(
         &self,
         metrics: Metrics,
-        checkpoint: Option<(Dir, &str)>,
+        checkpoint: Option<Reported<'_>>,
     ) -> Result<Result<(), Refused>, Aborted> {
         let capture = match checkpoint {
             None => None,
-            Some((dir, shown)) => match self.capture(dir, shown) {
+            Some(reported) => match self.capture(reported) {
                 Ok(capture) => Some(capture),
                 Err(refused) => return Ok(Err(refused)),
             },
@@ -107,18 +126,31 @@ impl RankHandle {
             .map_err(Refused::from))
     }
 
-    fn capture(&self, dir: Dir, shown: &str) -> Result<crate::persist::Capture, Refused> {
-        let captured = capture(self.rank, dir, shown)?;
+    fn capture(&self, reported: Reported<'_>) -> Result<crate::persist::Capture, Refused> {
+        let Reported {
+            dir,
+            shown,
+            hand_over,
+        } = reported;
+        let mut captured = capture(self.rank, dir, shown)?;
         let bytes: u64 = captured.files.iter().map(|(_, size)| size).sum();
-        match self.attempt.limits.max_checkpoint_bytes {
-            Some(limit) if bytes > limit => Err(Refused::TooLarge {
+        if let Some(limit) = self.attempt.limits.max_checkpoint_bytes
+            && bytes > limit
+        {
+            return Err(Refused::TooLarge {
                 path: shown.to_owned(),
                 bytes,
                 files: captured.files.len(),
                 limit,
-            }),
-            _ => Ok(captured),
+            });
         }
+        if let Some(hand_over) = hand_over {
+            // The capture's handle follows the directory where it moves.
+            let to = self.attempt.handed_over_path(self.rank);
+            hand_over(&to).map_err(Refused::HandOver)?;
+            captured.handed_over = Some(HandedOver::new(to));
+        }
+        Ok(captured)
     }
 
     /// Whether the rank sees preemption requested: the same answer on

@@ -46,7 +46,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 pub(crate) use gate::Aborted;
-pub(crate) use handle::{RankEnd, RankHandle, Refused};
+pub(crate) use handle::{HandOver, RankEnd, RankHandle, Refused, Reported};
 pub(crate) use restore::RestoreCache;
 
 use gate::{ReportGate, Violation};
@@ -72,6 +72,9 @@ pub(crate) struct AttemptSetup {
     /// Where checkpoints are copied so that `report` returns before they
     /// are uploaded; `None` to return once committed.
     pub snapshots: Option<PathBuf>,
+    /// Where directories the ranks hand over (`report-handing-over`) are
+    /// moved: on the file system of the ranks' scratch directories.
+    pub handed_over: PathBuf,
     /// The run's local copies of restored checkpoints, kept across attempts.
     pub restore: Arc<RestoreCache>,
     pub resume_from: Option<Checkpoint>,
@@ -129,6 +132,10 @@ struct Shared {
     grace: Duration,
     limits: ResourceLimits,
     handle: Handle,
+    /// See [`AttemptSetup::handed_over`].
+    handed_over: PathBuf,
+    /// Directories handed over so far, to name the next one.
+    handed_over_count: AtomicU64,
     /// Reports completed in this attempt.
     completed: AtomicU64,
     /// Once preemption is requested: the number of completed reports after
@@ -147,6 +154,7 @@ impl Attempt {
             report_timeout,
             ledger,
             snapshots,
+            handed_over,
             restore,
             resume_from,
             preemption,
@@ -171,6 +179,8 @@ impl Attempt {
                 grace,
                 limits,
                 handle,
+                handed_over,
+                handed_over_count: AtomicU64::new(0),
                 completed: AtomicU64::new(0),
                 preempt_after: OnceLock::new(),
                 preemption_told: AtomicBool::new(false),
@@ -241,6 +251,15 @@ impl Drop for StopOnUnwind<'_> {
 }
 
 impl Shared {
+    /// A new host path for a directory `rank` hands over, in a directory
+    /// that exists.
+    fn handed_over_path(&self, rank: u32) -> PathBuf {
+        // A failure shows when the directory is moved there.
+        let _ = std::fs::create_dir_all(&self.handed_over);
+        let n = self.handed_over_count.fetch_add(1, Ordering::Relaxed);
+        self.handed_over.join(format!("rank-{rank}-{n}"))
+    }
+
     /// Fail the attempt (the first failure is the one kept) and stop every
     /// rank.
     fn fail(&self, failure: RunFailure) {

@@ -55,7 +55,7 @@ impl Shared {
 
 /// What the recorder sends the writing task.
 pub(super) enum Message {
-    Report(Job),
+    Report(Box<Job>),
     /// Lines were added to the history directly; store them in time.
     Unwritten,
     /// Answered once everything before it is written.

@@ -7,10 +7,15 @@
 //!
 //! - in the background mode (the default), the planned files are copied to
 //!   a local snapshot and `report` returns; the task uploads and commits the
-//!   snapshot. On local storage a snapshot would cost as much as the
-//!   upload itself, so the files are written to their place in storage
-//!   before `report` returns and the task only commits them. Either way
-//!   the guests may change their directories at once (R8).
+//!   snapshot. On local storage a snapshot would cost as much as writing
+//!   the files, so they are written to their place in storage before
+//!   `report` returns, left in the page cache, and the task flushes them
+//!   to disk and commits them. Either way the guests may change their
+//!   directories at once (R8).
+//! - files a rank handed over (`report-handing-over`) were moved out of its
+//!   sandbox before it arrived: nothing is copied for them, and when every
+//!   file of a report was handed over `report` returns at once, in either
+//!   mode, leaving all the work to the task.
 //! - in the blocking mode, `report` returns once the task has committed
 //!   the checkpoint and added the report to the history in memory. The
 //!   history file is stored with the others' lines, as in the background
@@ -140,12 +145,20 @@ impl Recorder {
                 }
                 let index = self.ledger.next_checkpoint_index();
                 let (plan, snapshot, uploaded) = match &self.snapshots {
-                    // On local storage, persisting the files costs what a
-                    // snapshot would (a copy, in parallel, hashed on the
-                    // way; unchanged files only hashed and linked): persist
-                    // them now, and leave the commit to the writing task.
+                    // Every file was handed over: no guest can change them,
+                    // so the writing task persists them from where they are.
+                    Some(_) if plan.files.iter().all(|f| f.host_owned) => (plan, None, None),
+                    // On local storage, writing the files to their place
+                    // costs what a snapshot would (a copy, in parallel,
+                    // hashed on the way; unchanged files only hashed and
+                    // linked): write them now, leaving them in the page
+                    // cache, and leave flushing them to disk and the commit
+                    // to the writing task.
                     Some(_) if self.ledger.is_local() => {
-                        match self.handle.block_on(self.ledger.upload(index, &plan)) {
+                        match self
+                            .handle
+                            .block_on(self.ledger.upload(index, &plan, false))
+                        {
                             Ok(uploaded) => (plan, None, Some(uploaded)),
                             Err(e) => return Err(e.into()),
                         }
@@ -208,7 +221,7 @@ impl Recorder {
             done,
         };
         self.shared.queued.fetch_add(1, Ordering::AcqRel);
-        if self.queue.blocking_send(Message::Report(job)).is_err() {
+        if self.queue.blocking_send(Message::Report(Box::new(job))).is_err() {
             return Err(self.stopped());
         }
         match wait {

@@ -76,7 +76,7 @@ pub(super) async fn write_reports(
             Message::Unwritten => {}
             Message::Report(mut job) => {
                 let done = job.done.take();
-                let result = writer.write(job).await;
+                let result = writer.write(*job).await;
                 writer.shared.queued.fetch_sub(1, Ordering::AcqRel);
                 if let Some(done) = done {
                     let _ = done.send(result);

@@ -16,6 +16,9 @@ use crate::record::{CheckpointRecord, FileEntry, Manifest, layout, ranking};
 pub(crate) struct Uploaded {
     files: Vec<FileEntry>,
     stats: PersistStats,
+    /// Whether local files were flushed to disk as they were written;
+    /// otherwise the commit flushes them.
+    flushed: bool,
 }
 
 /// A checkpoint committed and recorded in the run state.
@@ -40,7 +43,7 @@ impl Ledger {
         plan: &Plan,
         world_size: u32,
     ) -> Result<Committed, Error> {
-        let uploaded = self.upload(checkpoint_index, plan).await?;
+        let uploaded = self.upload(checkpoint_index, plan, true).await?;
         self.commit_uploaded(
             report_index,
             checkpoint_index,
@@ -56,16 +59,31 @@ impl Ledger {
     /// `checkpoint_index`'s directory, which nothing reads until
     /// [`Ledger::commit_uploaded`] writes its manifest. The previous
     /// checkpoint must be committed already (its files are linked).
-    pub async fn upload(&self, checkpoint_index: u64, plan: &Plan) -> Result<Uploaded, Error> {
-        let dest = self
+    /// Without `flush`, local files are left in the page cache and the
+    /// commit flushes them: for a caller that waits for the writes but not
+    /// for the disk.
+    pub async fn upload(
+        &self,
+        checkpoint_index: u64,
+        plan: &Plan,
+        flush: bool,
+    ) -> Result<Uploaded, Error> {
+        let mut dest = self
             .storage
             .child(&layout::checkpoint_dir_name(checkpoint_index));
+        if !flush {
+            dest = dest.without_flush();
+        }
         // A host killed mid-upload can leave files under this name with no
         // manifest; they were never committed, so clear them first.
         dest.delete_all("", &[]).await?;
         let previous = self.previous().await;
         let (files, stats) = persist(&dest, plan, previous).await?;
-        Ok(Uploaded { files, stats })
+        Ok(Uploaded {
+            files,
+            stats,
+            flushed: flush,
+        })
     }
 
     /// Steps 2 and 3 of a commit, for files [`Ledger::upload`] persisted:
@@ -80,7 +98,11 @@ impl Ledger {
         world_size: u32,
         uploaded: Uploaded,
     ) -> Result<Committed, Error> {
-        let Uploaded { files, stats } = uploaded;
+        let Uploaded {
+            files,
+            stats,
+            flushed,
+        } = uploaded;
         let run_name = self.lock().state.run_name.clone();
         let dest = self
             .storage
@@ -98,8 +120,8 @@ impl Ledger {
         };
         let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
         // The manifest is written after every file is durable (R11).
-        dest.sync_uploads(manifest.files.iter().map(|f| f.path.clone()).collect())
-            .await?;
+        let paths = manifest.files.iter().map(|f| f.path.clone()).collect();
+        dest.sync_uploads(paths, !flushed).await?;
         dest.put(layout::MANIFEST, Bytes::from(json)).await?;
         tracing::info!(
             checkpoint = %dest.url(),

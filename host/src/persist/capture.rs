@@ -6,6 +6,8 @@
 //! followed or skipped: a checkpoint that silently lost a file would restore
 //! wrong.
 
+use std::path::PathBuf;
+
 use cap_std::fs::Dir;
 
 use crate::record::layout::RESERVED_DIR;
@@ -23,6 +25,28 @@ pub(crate) struct Capture {
     pub dir: Dir,
     /// Regular files below it: `/`-separated relative path and size.
     pub files: Vec<(String, u64)>,
+    /// Set when the rank handed the directory over: `dir` is then the
+    /// host's, moved out of the sandbox, and removed once persisted.
+    pub handed_over: Option<HandedOver>,
+}
+
+/// A directory a rank handed over, removed when dropped: once its
+/// checkpoint is persisted, or when its report goes no further.
+#[derive(Debug)]
+pub(crate) struct HandedOver(PathBuf);
+
+impl HandedOver {
+    pub fn new(path: PathBuf) -> Self {
+        Self(path)
+    }
+}
+
+impl Drop for HandedOver {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::warn!(dir = %self.0.display(), "cannot remove a handed-over checkpoint directory: {e}");
+        }
+    }
 }
 
 /// Why a rank's checkpoint directory cannot be captured; the guest sees
@@ -59,7 +83,12 @@ pub(crate) fn capture(rank: u32, dir: Dir, shown: &str) -> Result<Capture, Captu
     let mut files = Vec::new();
     walk(&dir, "", shown, 0, &mut files)?;
     files.sort();
-    Ok(Capture { rank, dir, files })
+    Ok(Capture {
+        rank,
+        dir,
+        files,
+        handed_over: None,
+    })
 }
 
 fn walk(

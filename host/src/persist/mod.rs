@@ -8,6 +8,6 @@ mod capture;
 mod plan;
 mod upload;
 
-pub(crate) use capture::{Capture, CaptureError, capture};
+pub(crate) use capture::{Capture, CaptureError, HandedOver, capture};
 pub(crate) use plan::{Collision, Plan, PlanError, merge, snapshot};
 pub(crate) use upload::{PersistStats, Previous, persist};

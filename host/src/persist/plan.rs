@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cap_std::fs::Dir;
 use sha2::{Digest, Sha256};
 
-use super::capture::Capture;
+use super::capture::{Capture, HandedOver};
 use crate::error::Error;
 
 /// Why a report's files could not be planned.
@@ -52,9 +52,12 @@ fn describe(groups: &[(String, Vec<u32>)]) -> String {
 pub(crate) struct PlannedFile {
     pub path: String,
     pub size: u64,
-    /// The directory holding `path`: a rank's checkpoint directory, or a
-    /// snapshot of it.
+    /// The directory holding `path`: a rank's checkpoint directory, a
+    /// directory it handed over, or a snapshot.
     pub source: Arc<Dir>,
+    /// Whether `source` is the host's (handed over or a snapshot): no guest
+    /// can change it any more.
+    pub host_owned: bool,
     pub ranks: Vec<u32>,
 }
 
@@ -64,6 +67,8 @@ pub(crate) struct PlannedFile {
 pub(crate) struct Plan {
     pub files: Vec<PlannedFile>,
     pub ranks: Vec<u32>,
+    /// The directories ranks handed over, removed with the plan.
+    pub handed_over: Vec<HandedOver>,
 }
 
 impl Plan {
@@ -76,12 +81,18 @@ impl Plan {
 /// must have the same bytes everywhere (compared by size, then SHA-256 of
 /// each copy); only the first copy is persisted.
 pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
+    let mut handed_over = Vec::new();
     let captures: Vec<Shared> = captures
         .into_iter()
-        .map(|c| Shared {
-            rank: c.rank,
-            dir: Arc::new(c.dir),
-            files: c.files,
+        .map(|c| {
+            let host_owned = c.handed_over.is_some();
+            handed_over.extend(c.handed_over);
+            Shared {
+                rank: c.rank,
+                dir: Arc::new(c.dir),
+                files: c.files,
+                host_owned,
+            }
         })
         .collect();
     let mut by_path: BTreeMap<&str, Vec<Copy<'_>>> = BTreeMap::new();
@@ -91,6 +102,7 @@ pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
                 rank: c.rank,
                 dir: &c.dir,
                 size: *size,
+                host_owned: c.host_owned,
             });
         }
     }
@@ -103,12 +115,17 @@ pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
             path: path.to_owned(),
             size: copies[0].size,
             source: Arc::clone(copies[0].dir),
+            host_owned: copies[0].host_owned,
             ranks: copies.iter().map(|c| c.rank).collect(),
         });
     }
     let mut ranks: Vec<u32> = captures.iter().map(|c| c.rank).collect();
     ranks.sort_unstable();
-    Ok(Plan { files, ranks })
+    Ok(Plan {
+        files,
+        ranks,
+        handed_over,
+    })
 }
 
 /// A capture whose directory the plan's files can share.
@@ -116,6 +133,7 @@ struct Shared {
     rank: u32,
     dir: Arc<Dir>,
     files: Vec<(String, u64)>,
+    host_owned: bool,
 }
 
 /// One rank's copy of a path.
@@ -123,6 +141,7 @@ struct Copy<'a> {
     rank: u32,
     dir: &'a Arc<Dir>,
     size: u64,
+    host_owned: bool,
 }
 
 fn check_identical(path: &str, copies: &[Copy<'_>]) -> Result<(), PlanError> {
@@ -202,6 +221,11 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path) -> Result<Plan, Error> {
     );
     let mut files = Vec::with_capacity(plan.files.len());
     for file in plan.files {
+        if file.host_owned {
+            // Handed over: no guest can change it, nothing to copy.
+            files.push(file);
+            continue;
+        }
         let target = staging.join(&file.path);
         if let Some((parent, _)) = file.path.rsplit_once('/') {
             root.create_dir_all(parent)
@@ -230,11 +254,13 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path) -> Result<Plan, Error> {
         }
         files.push(PlannedFile {
             source: Arc::clone(&root),
+            host_owned: true,
             ..file
         });
     }
     Ok(Plan {
         files,
         ranks: plan.ranks,
+        handed_over: plan.handed_over,
     })
 }

@@ -19,8 +19,10 @@ const CONCURRENT_FILES: usize = 8;
 /// 1 MiB buffer at most, and most of its time waits for its `fdatasync`:
 /// with more files in flight, one file's flush overlaps the others'
 /// writes (64 MiB of files flushed 1.4 to 1.8 times slower than `cp -r` +
-/// `sync` with 8 at a time, 1.0 to 1.4 times with 32).
-const CONCURRENT_LOCAL_FILES: usize = 32;
+/// `sync` with 8 at a time, 1.0 to 1.4 times with 32). But files created
+/// at once in one directory queue on its lock: with 32 threads on 2 cores
+/// a profile of a run showed them spinning on it. 16 is between the two.
+const CONCURRENT_LOCAL_FILES: usize = 16;
 
 /// The checkpoint committed before this one, whose files a new checkpoint
 /// may share instead of sending them again.

@@ -14,7 +14,7 @@ use super::limits::{LimitHit, MemoryLimiter, OutputBudget};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
 use super::trap;
-use crate::attempt::{Aborted, RankEnd, RankHandle, Refused};
+use crate::attempt::{Aborted, HandOver, RankEnd, RankHandle, Refused, Reported};
 use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
 use crate::metrics::{MetricValue, Metrics};
@@ -120,6 +120,36 @@ impl session::Host for RankState {
         metrics: Vec<session::Metric>,
         checkpoint: Option<String>,
     ) -> wasmtime::Result<Result<(), session::ReportError>> {
+        self.report_with(metrics, checkpoint, false)
+    }
+
+    fn report_handing_over(
+        &mut self,
+        metrics: Vec<session::Metric>,
+        checkpoint: String,
+    ) -> wasmtime::Result<Result<(), session::ReportError>> {
+        self.report_with(metrics, Some(checkpoint), true)
+    }
+
+    fn preemption_requested(&mut self) -> wasmtime::Result<bool> {
+        Ok(self.attempt.preemption_requested())
+    }
+
+    fn get_checkpoint(&mut self) -> wasmtime::Result<Option<String>> {
+        self.attempt
+            .get_checkpoint()
+            .map_err(|Aborted| wasmtime::Error::new(StoppedByHost))
+    }
+}
+
+impl RankState {
+    /// `report`, or with `hand_over`, `report-handing-over`.
+    fn report_with(
+        &mut self,
+        metrics: Vec<session::Metric>,
+        checkpoint: Option<String>,
+        hand_over: bool,
+    ) -> wasmtime::Result<Result<(), session::ReportError>> {
         use session::ReportError;
         // Refusals before the ranks meet do not count as this rank's
         // report: the guest may fix the call and make it again.
@@ -138,28 +168,27 @@ impl session::Host for RankState {
         if let Err(refused) = self.attempt.check_metrics(&metrics) {
             return Ok(Err(report_error(refused)));
         }
-        let dir = match &checkpoint {
+        let sandbox = &self.sandbox;
+        let move_out = |to: &Path| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            let path = checkpoint.as_deref().unwrap_or_default();
+            Ok(sandbox.hand_over(path, to)?)
+        };
+        let reported = match &checkpoint {
             None => None,
-            Some(path) => match self.sandbox.open_dir(path) {
-                Ok(dir) => Some((dir, path.as_str())),
+            Some(path) => match sandbox.open_dir(path) {
+                Ok(dir) => Some(Reported {
+                    dir,
+                    shown: path.as_str(),
+                    hand_over: hand_over.then_some(&move_out as HandOver<'_>),
+                }),
                 Err(e) => return Ok(Err(ReportError::InvalidCheckpoint(e.to_string()))),
             },
         };
-        match self.attempt.report(metrics, dir) {
+        match self.attempt.report(metrics, reported) {
             Ok(Ok(())) => Ok(Ok(())),
             Ok(Err(refused)) => Ok(Err(report_error(refused))),
             Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
         }
-    }
-
-    fn preemption_requested(&mut self) -> wasmtime::Result<bool> {
-        Ok(self.attempt.preemption_requested())
-    }
-
-    fn get_checkpoint(&mut self) -> wasmtime::Result<Option<String>> {
-        self.attempt
-            .get_checkpoint()
-            .map_err(|Aborted| wasmtime::Error::new(StoppedByHost))
     }
 }
 
@@ -169,7 +198,9 @@ fn report_error(refused: Refused) -> session::ReportError {
     let message = refused.to_string();
     match refused {
         Refused::Score(_) => ReportError::InvalidMetrics(message),
-        Refused::Capture(_) | Refused::TooLarge { .. } => ReportError::InvalidCheckpoint(message),
+        Refused::Capture(_) | Refused::TooLarge { .. } | Refused::HandOver(_) => {
+            ReportError::InvalidCheckpoint(message)
+        }
         Refused::Collision(_) => ReportError::Collision(message),
     }
 }

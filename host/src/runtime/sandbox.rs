@@ -68,9 +68,8 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Open the directory a guest names, or say why not in words the guest
-    /// author can act on.
-    pub fn open_dir(&self, guest_path: &str) -> Result<Dir, PathError> {
+    /// The mount a guest path lies in, and the components below it.
+    fn resolve(&self, guest_path: &str) -> Result<(&Mount, Vec<String>), PathError> {
         let path = guest_path.to_owned();
         if guest_path.is_empty() {
             return Err(PathError::Empty);
@@ -95,12 +94,20 @@ impl Sandbox {
         else {
             return Err(PathError::Outside(path));
         };
-        let rest = &parts[mount.guest.len()..];
+        let rest = parts[mount.guest.len()..].to_vec();
         // The restore directory holds restored checkpoints, one directory
         // each; itself it is never one (and empty before any restore).
         if rest.is_empty() && mount.guest == components(RESTORE_GUEST_PATH) {
             return Err(PathError::RestoreRoot(path));
         }
+        Ok((mount, rest))
+    }
+
+    /// Open the directory a guest names, or say why not in words the guest
+    /// author can act on.
+    pub fn open_dir(&self, guest_path: &str) -> Result<Dir, PathError> {
+        let (mount, rest) = self.resolve(guest_path)?;
+        let path = guest_path.to_owned();
         if rest.is_empty() {
             return mount
                 .dir
@@ -110,14 +117,66 @@ impl Sandbox {
         mount
             .dir
             .open_dir(rest.join("/"))
+            .map_err(|source| open_error(path, source))
+    }
+
+    /// Move the directory a guest names out of its sandbox, to the host
+    /// path `to` (which must not exist, on the same file system), and leave
+    /// an empty directory in its place: the guest hands the files over
+    /// (`report-handing-over`). One rename, whatever the directory holds.
+    pub fn hand_over(&self, guest_path: &str, to: &Path) -> Result<(), PathError> {
+        let (mount, rest) = self.resolve(guest_path)?;
+        let path = guest_path.to_owned();
+        if mount.guest == components(RESTORE_GUEST_PATH) {
+            return Err(PathError::HandOverRestored(path));
+        }
+        let Some((name, parents)) = rest.split_last() else {
+            return Err(PathError::HandOverMount(path));
+        };
+        let parent = if parents.is_empty() {
+            mount.dir.try_clone()
+        } else {
+            mount.dir.open_dir(parents.join("/"))
+        }
+        .map_err(|source| open_error(path.clone(), source))?;
+        let io = |source| PathError::Io {
+            path: path.clone(),
+            source,
+        };
+        // Renaming a symbolic link would move the link, not the directory.
+        let meta = parent
+            .symlink_metadata(name)
             .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound => PathError::Missing(path),
-                std::io::ErrorKind::NotADirectory => PathError::NotADirectory(path),
-                _ if source.to_string().contains("outside of the filesystem") => {
-                    PathError::EscapingLink(path)
-                }
-                _ => PathError::Io { path, source },
-            })
+                std::io::ErrorKind::NotFound => PathError::Missing(path.clone()),
+                _ => io(source),
+            })?;
+        if meta.is_symlink() {
+            return Err(PathError::HandOverLink(path));
+        }
+        if !meta.is_dir() {
+            return Err(PathError::NotADirectory(path));
+        }
+        let (Some(to_parent), Some(to_name)) = (to.parent(), to.file_name()) else {
+            return Err(io(std::io::Error::other(format!(
+                "{} is not a directory path",
+                to.display()
+            ))));
+        };
+        let to_parent = Dir::open_ambient_dir(to_parent, ambient_authority()).map_err(io)?;
+        parent.rename(name, &to_parent, to_name).map_err(io)?;
+        parent.create_dir(name).map_err(io)
+    }
+}
+
+/// What an error opening a directory below a mount means to the guest.
+fn open_error(path: String, source: std::io::Error) -> PathError {
+    match source.kind() {
+        std::io::ErrorKind::NotFound => PathError::Missing(path),
+        std::io::ErrorKind::NotADirectory => PathError::NotADirectory(path),
+        _ if source.to_string().contains("outside of the filesystem") => {
+            PathError::EscapingLink(path)
+        }
+        _ => PathError::Io { path, source },
     }
 }
 
@@ -144,6 +203,18 @@ pub(crate) enum PathError {
     NotADirectory(String),
     #[error("checkpoint path {0:?} leads outside the sandbox through a symbolic link")]
     EscapingLink(String),
+    #[error(
+        "checkpoint path {0:?} is a restored checkpoint, which is read-only: report it with `report`, which copies it"
+    )]
+    HandOverRestored(String),
+    #[error(
+        "checkpoint path {0:?} is the scratch directory itself, which cannot be handed over: write the checkpoint into a directory below it"
+    )]
+    HandOverMount(String),
+    #[error(
+        "checkpoint path {0:?} is a symbolic link; hand over the directory it points to, by its own path"
+    )]
+    HandOverLink(String),
     #[error("cannot open checkpoint directory {path:?}: {source}")]
     Io {
         path: String,

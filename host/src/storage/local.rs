@@ -23,7 +23,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::Meter;
 use super::digest::{FileDigest, check_size};
@@ -116,25 +116,55 @@ fn create(target: &Path) -> Result<File, Error> {
     ))
 }
 
-/// Flush the directory entries of a checkpoint's files to disk: every
-/// directory from each file's up to `root` (the checkpoint's directory),
-/// and `root`'s parent, which names it. The files' contents were flushed
-/// by [`write_file`]; files linked from the previous checkpoint were
+/// Threads flushing files written without a flush ([`sync_files`]).
+const FLUSHING_THREADS: usize = 8;
+
+/// Flush `files`, written without a flush, to disk, several at a time: a
+/// file's flush is mostly waiting for the disk.
+pub(super) fn sync_files(files: &[PathBuf]) -> Result<(), Error> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let flush = || -> Result<(), Error> {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(path) = files.get(i) else {
+                return Ok(());
+            };
+            let io_err = |source| Error::Io {
+                path: path.clone(),
+                operation: "flush a checkpoint file to disk",
+                source,
+            };
+            File::open(path)
+                .and_then(|f| f.sync_data())
+                .map_err(io_err)?;
+        }
+    };
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..FLUSHING_THREADS.min(files.len()))
+            .map(|_| s.spawn(flush))
+            .collect();
+        threads
+            .into_iter()
+            .try_for_each(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })
+}
+
+/// Flush the directory entries of a checkpoint's files (below `root`,
+/// the checkpoint's directory) to disk: every directory from each file's
+/// up to `root`, and `root`'s parent, which names it. The files' contents
+/// were flushed already; files linked from the previous checkpoint were
 /// flushed when it was committed. Directories that do not exist (a
 /// checkpoint without files has none) are skipped.
-pub(super) fn sync_directories<'a>(
-    root: &Path,
-    files: impl IntoIterator<Item = &'a str>,
-) -> Result<(), Error> {
+pub(super) fn sync_directories(root: &Path, files: &[PathBuf]) -> Result<(), Error> {
     let mut dirs = std::collections::BTreeSet::new();
     if let Some(parent) = root.parent() {
         dirs.insert(parent.to_path_buf());
     }
     dirs.insert(root.to_path_buf());
     for file in files {
-        let mut dir = Path::new(file).parent();
-        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-            if !dirs.insert(root.join(d)) {
+        let mut dir = file.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(root)) {
+            if !dirs.insert(d.to_path_buf()) {
                 break;
             }
             dir = d.parent();
@@ -246,8 +276,9 @@ mod tests {
         let root = dir.path().join("checkpoint_000001");
         std::fs::create_dir_all(root.join("a/b")).unwrap();
         std::fs::write(root.join("a/b/weights.bin"), b"abc").unwrap();
-        sync_directories(&root, ["a/b/weights.bin", "top.bin"]).unwrap();
+        let files = [root.join("a/b/weights.bin"), root.join("top.bin")];
+        sync_directories(&root, &files).unwrap();
         // An empty checkpoint has no directory of its own.
-        sync_directories(&dir.path().join("checkpoint_000000"), []).unwrap();
+        sync_directories(&dir.path().join("checkpoint_000000"), &[]).unwrap();
     }
 }

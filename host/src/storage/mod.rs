@@ -50,8 +50,7 @@ pub struct Storage {
     /// When set, writes happen only while this host owns the location.
     fence: Option<Arc<Fence>>,
     /// Whether local checkpoint files are flushed to disk as they are
-    /// written. Always, except in the benchmark suite's comparison with a
-    /// copy left in the page cache.
+    /// written; when not, [`Storage::sync_uploads`] must flush them.
     flush: bool,
 }
 
@@ -185,9 +184,7 @@ impl Storage {
     }
 
     /// This location, with local checkpoint files left in the page cache
-    /// instead of flushed: only for timing against a copy that is not
-    /// flushed either. A commit from here would not be durable.
-    #[cfg(feature = "bench")]
+    /// as they are written, for [`Storage::sync_uploads`] to flush later.
     pub(crate) fn without_flush(self) -> Self {
         Self {
             flush: false,

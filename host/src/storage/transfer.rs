@@ -27,19 +27,36 @@ impl Storage {
     /// this storage) durable: they survive a power loss once this returns.
     /// A manifest must not be written before (R11). Object stores, and
     /// `object_store`'s own local writes, are durable when their call
-    /// returns; a local checkpoint file is flushed by the task that wrote
-    /// it, so what is left here is the directories naming the files.
-    pub async fn sync_uploads(&self, files: Vec<String>) -> Result<(), Error> {
-        let Some(dir) = self.local_path().map(Path::to_path_buf) else {
+    /// returns. A local checkpoint file is flushed by the task that wrote
+    /// it, unless it was written [`Storage::without_flush`]: then
+    /// `flush_files` flushes them here. Then the directories naming them.
+    pub async fn sync_uploads(&self, files: Vec<String>, flush_files: bool) -> Result<(), Error> {
+        let Some(local) = &self.local else {
             return Ok(());
         };
+        // The names on disk, as `upload_file` wrote them (object_store
+        // encodes some characters).
+        let paths = files
+            .iter()
+            .map(|f| {
+                local
+                    .path_to_filesystem(&self.object_path(f))
+                    .map_err(|e| self.error(format!("flush {f}"), e))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let dir = local
+            .path_to_filesystem(&self.root)
+            .map_err(|e| self.error("flush the checkpoint directory".into(), e))?;
         tokio::task::spawn_blocking(move || {
-            local::sync_directories(&dir, files.iter().map(String::as_str))
+            if flush_files {
+                local::sync_files(&paths)?;
+            }
+            local::sync_directories(&dir, &paths)
         })
         .await
         .map_err(|e| Error::Io {
             path: self.url.clone().into(),
-            operation: "flush checkpoint directories",
+            operation: "flush checkpoint files",
             source: std::io::Error::other(e),
         })?
     }

@@ -163,6 +163,7 @@ fn fit_owned(
             snapshots: run
                 .persist_in_background
                 .then(|| work.path().join("snapshots")),
+            handed_over: work.path().join("handed-over"),
             restore: Arc::clone(&restore),
             resume_from: resume_from.clone(),
             preemption: trainer.preemption.clone(),

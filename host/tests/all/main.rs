@@ -8,6 +8,7 @@ mod escape;
 mod example;
 mod failures;
 mod fuzz_corpus;
+mod hand_over;
 mod limits;
 mod outages;
 mod owner;

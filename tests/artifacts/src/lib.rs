@@ -18,3 +18,7 @@ pub const NOT_A_TRAINER: &str = env!("TRAINHOST_NOT_A_TRAINER");
 
 /// A guest built against an incompatible `trainhost:train` version (0.9.0).
 pub const OTHER_WIT: &str = env!("TRAINHOST_OTHER_WIT");
+
+/// A guest built against `trainhost:train@0.1.0`, the package's first
+/// release, which every 0.1.x host must run.
+pub const WIT_0_1_0: &str = env!("TRAINHOST_WIT_0_1_0");

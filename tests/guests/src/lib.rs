@@ -13,7 +13,11 @@
 //!   `symlink refused: ...` and goes on
 //! - `{"report": {"name": value, ..}, "checkpoint": PATH}` (checkpoint passed
 //!   as written, without joining the scratch dir, so escapes reach the host
-//!   verbatim); a refused report prints `report refused: ...` and goes on
+//!   verbatim); a refused report prints `report refused: ...` and goes on;
+//!   with `"hand_over": true` the directory is handed over
+//!   (`report-handing-over`)
+//! - `{"count_entries": PATH}`: prints `entries: N` (the directory's
+//!   entries) or `entries: missing`
 //! - `{"print_checkpoint": true}`: prints `checkpoint: PATH` and one line
 //!   `file: NAME SIZE FNV` per file, or `checkpoint: none`
 //! - `{"print_context": true}`: prints rank, sizes, run name and config
@@ -143,7 +147,10 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         let metrics =
             with_special_floats(Metrics::from_serialize(&metrics).map_err(|e| e.to_string())?);
-        let checkpoint = text(step, "checkpoint", vars).map(Checkpoint::from_directory);
+        let hand_over = step.get("hand_over") == Some(&Value::Bool(true));
+        let checkpoint = text(step, "checkpoint", vars)
+            .map(Checkpoint::from_directory)
+            .map(|c| if hand_over { c.hand_over() } else { c });
         match trainhost_guest::report(metrics, checkpoint) {
             Ok(()) => println!("report ok"),
             Err(e) => println!("report refused: {e}"),
@@ -211,6 +218,11 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     } else if step.contains_key("until_preempted") {
         until_preempted()?;
+    } else if let Some(dir) = text(step, "count_entries", vars) {
+        match fs::read_dir(scratch_path(&dir)) {
+            Ok(entries) => println!("entries: {}", entries.count()),
+            Err(_) => println!("entries: missing"),
+        }
     } else if step.contains_key("print_checkpoint") {
         print_checkpoint()?;
     } else if step.contains_key("print_context") {

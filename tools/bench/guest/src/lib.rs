@@ -17,10 +17,14 @@ enum Bench {
     /// trivial import (`world-rank`) for the floor of a host call.
     Report { reports: u32 },
     /// A checkpoint of `files` (count, size in bytes each) reported
-    /// `reports` times with new bytes each time, then once unchanged.
+    /// `reports` times with new bytes each time, then once unchanged
+    /// (rewritten with the same bytes when handed over). With `hand_over`
+    /// the directory is handed over to the host instead of copied.
     Checkpoint {
         files: Vec<(u32, u64)>,
         reports: u32,
+        #[serde(default)]
+        hand_over: bool,
     },
     /// `steps` SGD steps of a linear model with `dim` features on batches
     /// of `batch` rows.
@@ -39,7 +43,11 @@ enum Bench {
 fn train(bench: Bench) -> Result<(), String> {
     match bench {
         Bench::Report { reports } => report_loop(reports),
-        Bench::Checkpoint { files, reports } => checkpoints(&files, reports),
+        Bench::Checkpoint {
+            files,
+            reports,
+            hand_over,
+        } => checkpoints(&files, reports, hand_over),
         Bench::Sgd { steps, dim, batch } => sgd(steps, dim, batch),
         Bench::Restart { bytes } => restart(bytes),
         Bench::Start => report(Metrics::new().with("started", true), None),
@@ -51,6 +59,16 @@ trainhost_guest::entry!(train);
 fn report(metrics: Metrics, checkpoint: Option<&str>) -> Result<(), String> {
     trainhost_guest::report(metrics, checkpoint.map(Checkpoint::from_directory))
         .map_err(|e| e.to_string())
+}
+
+fn report_checkpoint(metrics: Metrics, dir: &str, hand_over: bool) -> Result<(), String> {
+    let checkpoint = Checkpoint::from_directory(dir);
+    let checkpoint = if hand_over {
+        checkpoint.hand_over()
+    } else {
+        checkpoint
+    };
+    trainhost_guest::report(metrics, Some(checkpoint)).map_err(|e| e.to_string())
 }
 
 fn per_call(elapsed: std::time::Duration, n: u32) -> f64 {
@@ -80,22 +98,25 @@ fn write_files(dir: &Path, files: &[(u32, u64)], seed: u64) -> Result<(), String
     trainhost_bench_kernel::write_layout(dir, files, seed).map_err(|e| e.to_string())
 }
 
-fn checkpoints(files: &[(u32, u64)], reports: u32) -> Result<(), String> {
+fn checkpoints(files: &[(u32, u64)], reports: u32, hand_over: bool) -> Result<(), String> {
     let dir = Path::new("ck");
     let mut first_ns = 0.0;
     let mut changed = std::time::Duration::ZERO;
     for r in 0..reports {
         write_files(dir, files, u64::from(r) + 1)?;
         let started = Instant::now();
-        report(Metrics::new().with("r", r), Some("ck"))?;
+        report_checkpoint(Metrics::new().with("r", r), "ck", hand_over)?;
         if r == 0 {
             first_ns = started.elapsed().as_nanos() as f64;
         } else {
             changed += started.elapsed();
         }
     }
+    if hand_over {
+        write_files(dir, files, u64::from(reports))?;
+    }
     let started = Instant::now();
-    report(Metrics::new().with("r", reports), Some("ck"))?;
+    report_checkpoint(Metrics::new().with("r", reports), "ck", hand_over)?;
     let unchanged_ns = started.elapsed().as_nanos() as f64;
     report(
         Metrics::new()

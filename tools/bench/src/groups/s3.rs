@@ -4,11 +4,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use trainhost::StorageOptions;
 use trainhost::bench::Durability;
+use trainhost::{RunConfig, StorageOptions};
 
-use crate::common::{Row, Unit, describe, median, self_cpu, time_command};
+use crate::common::{Row, Unit, describe, local_run, median, self_cpu, time_command};
 use crate::goals;
+use crate::groups::blocked::{Target, measure};
 
 /// A moto S3 server on loopback, stopped on drop.
 struct Moto(std::process::Child, u16);
@@ -76,6 +77,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
         ..StorageOptions::default()
     };
     let (mut aw, mut ac, mut ow, mut oc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let blocked_runs = std::sync::atomic::AtomicUsize::new(0);
     for i in 0..reps {
         let (wall, cpu) = time_command(
             Command::new(&aws)
@@ -100,7 +102,24 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
     }
     let what = describe(&layout);
     let (aw, ac, ow, oc) = (median(aw), median(ac), median(ow), median(oc));
-    Ok(vec![
+    // How long a guest waits in `report` when the checkpoint goes to S3.
+    let s3_run = |i: usize| -> Result<(RunConfig, Box<dyn std::any::Any>)> {
+        let run = RunConfig {
+            storage_path: format!(
+                "s3://{bucket}/blocked-{i}-{}",
+                blocked_runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+            storage_options: options.clone(),
+            ..local_run(work.path())
+        };
+        Ok((run, Box::new(())))
+    };
+    let target = Target {
+        name: "S3",
+        run: &s3_run,
+    };
+    let blocked_rows = measure(&target, 64 << 20, reps)?;
+    let mut rows = vec![
         Row {
             group: "s3",
             measure: format!("upload {what} to S3 (moto on loopback), wall"),
@@ -127,5 +146,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
             met: Some(oc <= goals::S3_CPU_SHARE * ac),
             spread: None,
         },
-    ])
+    ];
+    rows.extend(blocked_rows);
+    Ok(rows)
 }
