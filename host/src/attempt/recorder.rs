@@ -221,7 +221,11 @@ impl Recorder {
             done,
         };
         self.shared.queued.fetch_add(1, Ordering::AcqRel);
-        if self.queue.blocking_send(Message::Report(Box::new(job))).is_err() {
+        if self
+            .queue
+            .blocking_send(Message::Report(Box::new(job)))
+            .is_err()
+        {
             return Err(self.stopped());
         }
         match wait {

@@ -236,7 +236,7 @@ impl Checkpoint {
                 let file = dir.create(&f.path).map_err(io)?.into_std();
                 let (size, sha) = self
                     .storage
-                    .download_to(&f.path, tokio::fs::File::from_std(file), &shown, meter)
+                    .download_to(&f.path, file, &shown, meter)
                     .await?;
                 self.check(&f.path, f.size, &f.sha256, size, &sha)
             })

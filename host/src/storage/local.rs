@@ -82,6 +82,44 @@ pub(super) fn write_file(
     Ok(hasher.finish())
 }
 
+/// Copy the stored file `source` (`relative` in storage) into `out` (`shown`
+/// in errors), returning its size and SHA-256.
+pub(super) fn copy_file(
+    source: &Path,
+    relative: &str,
+    mut out: File,
+    shown: &Path,
+    meter: &Meter,
+) -> Result<(u64, String), Error> {
+    let mut file = File::open(source).map_err(|source| Error::Io {
+        path: relative.into(),
+        operation: "open a stored checkpoint file",
+        source,
+    })?;
+    let mut hasher = FileDigest::new(None);
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|source| Error::Io {
+            path: relative.into(),
+            operation: "read a stored checkpoint file",
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(|source| Error::Io {
+            path: shown.to_path_buf(),
+            operation: "write a restored checkpoint file",
+            source,
+        })?;
+        size += n as u64;
+        meter.inc(n as u64);
+    }
+    Ok((size, hasher.finish()))
+}
+
 /// Create `target` as a new file, creating missing directories and
 /// unlinking a file left there.
 fn create(target: &Path) -> Result<File, Error> {

@@ -9,6 +9,7 @@
 mod common;
 mod goals;
 mod groups;
+mod load;
 mod results;
 
 use std::path::PathBuf;

@@ -1,7 +1,6 @@
 //! `report` without a checkpoint: per round, quiet and under load.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
 use serde_json::json;
@@ -9,6 +8,7 @@ use trainhost::RunConfig;
 
 use crate::common::{Row, Unit, local_run, metric, run_guest};
 use crate::goals;
+use crate::load::Load;
 
 pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
     let reports = if quick { 2_000 } else { 20_000 };
@@ -48,7 +48,7 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
             // The same with every core busy with other work, as on a shared
             // training machine: a waiting rank must not take the core the
             // rank it waits for needs.
-            let load = Load::start();
+            let load = Load::start(true, false);
             let result = run_guest(
                 json!({"mode": "report", "reports": reports}),
                 workers,
@@ -87,40 +87,4 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
         }
     }
     Ok(rows)
-}
-
-/// One CPU-bound thread per core, competing with the ranks until dropped.
-struct Load {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start() -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        let threads = (0..cores)
-            .map(|_| {
-                let stop = Arc::clone(&stop);
-                std::thread::spawn(move || {
-                    let mut x = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        x = std::hint::black_box(
-                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
-                        );
-                    }
-                })
-            })
-            .collect();
-        Self { stop, threads }
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
 }

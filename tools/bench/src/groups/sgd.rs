@@ -7,11 +7,14 @@ use anyhow::{Result, bail};
 use serde_json::json;
 use trainhost::{Interruption, ResourceLimits, RunConfig};
 
-use crate::common::{Row, Unit, local_run, median, metric, run_guest};
+use crate::common::{Paired, Row, Unit, local_run, metric, run_guest};
 use crate::goals;
 
 pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
-    let (steps, dim, batch) = (if quick { 2_000 } else { 20_000 }, 256, 64);
+    // About 1 s of native work per sample (3.3 µs a step here): shorter
+    // samples moved the ratios by a third between re-runs.
+    let (steps, dim, batch) = (if quick { 30_000 } else { 300_000 }, 256, 64);
+    let reps = if quick { reps } else { reps + 2 };
     let native = || trainhost_bench_kernel::time_sgd(steps, dim, batch);
     let storage = tempfile::tempdir()?;
     let config = json!({"mode": "sgd", "steps": steps, "dim": dim, "batch": batch});
@@ -44,7 +47,8 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
         max_checkpoint_bytes: None,
         ..ResourceLimits::default()
     };
-    let (mut n, mut g, mut h, mut l) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut guest_vs_native, mut calls_vs_native, mut limits_cost) =
+        (Paired::default(), Paired::default(), Paired::default());
     for _ in 0..reps {
         let (native_ns, native_loss) = native();
         let (guest_ns, guest_loss) = guest(unlimited.clone(), Interruption::Anywhere)?;
@@ -55,17 +59,18 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
                 bail!("native and guest SGD disagree: loss {native_loss} vs {loss}");
             }
         }
-        n.push(native_ns);
-        g.push(guest_ns);
-        h.push(calls_ns);
-        l.push(limited_ns);
+        guest_vs_native.push(native_ns, guest_ns);
+        calls_vs_native.push(native_ns, calls_ns);
+        limits_cost.push(guest_ns, limited_ns);
     }
-    let (n, g, h, l) = (median(n), median(g), median(h), median(l));
+    let (n, g) = guest_vs_native.medians();
+    let (_, h) = calls_vs_native.medians();
+    let (g_limits, l) = limits_cost.medians();
     Ok(vec![
         Row {
             group: "sgd",
             measure: format!(
-                "SGD step, linear model, {dim} features × {batch} rows (guest: release, simd128)"
+                "SGD step, linear model, {dim} features × {batch} rows (guest: release, simd128; {reps} samples of {steps} steps)"
             ),
             baseline_name: "the same Rust code compiled natively (release)".into(),
             baseline: n,
@@ -73,7 +78,7 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
             met: Some(g <= goals::SGD_VS_NATIVE * n),
-            spread: None,
+            spread: guest_vs_native.spread(),
         },
         Row {
             group: "sgd",
@@ -84,18 +89,18 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
             met: Some(h <= goals::SGD_VS_NATIVE * n),
-            spread: None,
+            spread: calls_vs_native.spread(),
         },
         Row {
             group: "sgd",
             measure: "SGD step in the guest with every limit set (memory, stall, wall clock, output, checkpoint size)".into(),
             baseline_name: "the same guest without limits".into(),
-            baseline: g,
+            baseline: g_limits,
             ours: l,
             unit: Unit::Nanos,
             goal: goals::comparison("what the limits cost"),
             met: None,
-            spread: None,
+            spread: limits_cost.spread(),
         },
     ])
 }
