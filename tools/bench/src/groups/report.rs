@@ -45,6 +45,20 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
             spread: None,
         });
         if workers > 1 {
+            let barrier_ns = barrier_round(workers, reports);
+            rows.push(Row {
+                group: "report",
+                measure: format!("`report` without checkpoint, {workers} ranks, as above"),
+                baseline_name: format!(
+                    "{workers} threads meeting at a `std::sync::Barrier` (the same meeting, no guest)"
+                ),
+                baseline: barrier_ns,
+                ours: report_ns,
+                unit: Unit::Nanos,
+                goal: goals::comparison("what the OS's own meeting of as many threads costs"),
+                met: None,
+                spread: None,
+            });
             // The same with every core busy with other work, as on a shared
             // training machine: a waiting rank must not take the core the
             // rank it waits for needs.
@@ -87,4 +101,26 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
         }
     }
     Ok(rows)
+}
+
+/// Nanoseconds per round of `threads` threads meeting `rounds` times at a
+/// `std::sync::Barrier`: what meeting that many OS threads costs on this
+/// machine, without a guest.
+fn barrier_round(threads: u32, rounds: u32) -> f64 {
+    let barrier = Arc::new(std::sync::Barrier::new(threads as usize));
+    let started = std::time::Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    barrier.wait();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a barrier thread does not panic");
+    }
+    started.elapsed().as_nanos() as f64 / f64::from(rounds)
 }
