@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::Result;
 use trainhost_test_artifacts::LINEAR_REGRESSION;
 
-use crate::common::{Row, Unit, median, time_command};
+use crate::common::{Paired, Row, Unit, time_command};
 use crate::goals;
 
 pub(crate) fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
@@ -33,13 +33,13 @@ pub(crate) fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
         )?;
         Ok(wall.as_nanos() as f64)
     };
-    let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    let mut pairs = Paired::default();
     for _ in 0..reps {
         let _ = std::fs::remove_dir_all(&cache);
-        cold.push(run(&cache)?);
-        warm.push(run(&cache)?);
+        let cold = run(&cache)?;
+        pairs.push(cold, run(&cache)?);
     }
-    let (cold, warm) = (median(cold), median(warm));
+    let (cold, warm) = pairs.medians();
     Ok(vec![Row {
         group: "cli",
         measure: "whole CLI run of the example, 2 ranks, 5 epochs (process start to exit)".into(),
@@ -52,6 +52,6 @@ pub(crate) fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
             goals::CLI_WARM_NS / 1e9
         ),
         met: Some(warm <= goals::CLI_WARM_NS),
-        spread: None,
+        spread: pairs.spread(),
     }])
 }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use trainhost::bench::Durability;
 use trainhost::{RunConfig, StorageOptions};
 
-use crate::common::{Row, Unit, describe, local_run, median, self_cpu, time_command};
+use crate::common::{Paired, Row, Unit, describe, local_run, self_cpu, time_command};
 use crate::goals;
 use crate::groups::blocked::{Target, measure};
 
@@ -76,7 +76,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
         ],
         ..StorageOptions::default()
     };
-    let (mut aw, mut ac, mut ow, mut oc) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut wall_pairs, mut cpu_pairs) = (Paired::default(), Paired::default());
     let blocked_runs = std::sync::atomic::AtomicUsize::new(0);
     for i in 0..reps {
         let (wall, cpu) = time_command(
@@ -86,8 +86,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
                 .arg(format!("s3://{bucket}/aws-{i}"))
                 .args(["--endpoint-url", &endpoint]),
         )?;
-        aw.push(wall.as_nanos() as f64);
-        ac.push(cpu.as_nanos() as f64);
+        let (aws_wall, aws_cpu) = (wall.as_nanos() as f64, cpu.as_nanos() as f64);
         let cpu = self_cpu();
         let started = Instant::now();
         trainhost::bench::persist_directory(
@@ -97,11 +96,11 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
             &options,
             Durability::OnDisk,
         )?;
-        ow.push(started.elapsed().as_nanos() as f64);
-        oc.push(self_cpu().saturating_sub(cpu).as_nanos() as f64);
+        wall_pairs.push(aws_wall, started.elapsed().as_nanos() as f64);
+        cpu_pairs.push(aws_cpu, self_cpu().saturating_sub(cpu).as_nanos() as f64);
     }
     let what = describe(&layout);
-    let (aw, ac, ow, oc) = (median(aw), median(ac), median(ow), median(oc));
+    let ((aw, ow), (ac, oc)) = (wall_pairs.medians(), cpu_pairs.medians());
     // How long a guest waits in `report` when the checkpoint goes to S3.
     let s3_run = |i: usize| -> Result<(RunConfig, Box<dyn std::any::Any>)> {
         let run = RunConfig {
@@ -133,7 +132,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
                 1.0 / goals::S3_SPEEDUP
             ),
             met: Some(ow * goals::S3_SPEEDUP <= aw),
-            spread: None,
+            spread: wall_pairs.spread(),
         },
         Row {
             group: "s3",
@@ -144,7 +143,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × its CPU", goals::S3_CPU_SHARE),
             met: Some(oc <= goals::S3_CPU_SHARE * ac),
-            spread: None,
+            spread: cpu_pairs.spread(),
         },
     ];
     rows.extend(blocked_rows);
