@@ -46,29 +46,9 @@ pub(super) fn write_file(
 ) -> Result<String, Error> {
     let mut out = create(target)?;
     let mut hasher = FileDigest::new(known_sha256);
-    let mut buf = vec![0u8; (size as usize).clamp(1, CHUNK)];
-    let mut read = 0u64;
-    loop {
-        let n = file.read(&mut buf).map_err(|source| Error::Io {
-            path: shown.into(),
-            operation: "read a checkpoint file",
-            source,
-        })?;
-        if n == 0 {
-            break;
-        }
-        read += n as u64;
-        if read > size {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(|source| Error::Io {
-            path: target.to_path_buf(),
-            operation: "write a checkpoint file",
-            source,
-        })?;
-        meter.inc(n as u64);
-    }
+    let from = (&mut file, shown.into(), "read a checkpoint file");
+    let to = (&mut out, target, "write a checkpoint file");
+    let read = pump(from, to, &mut hasher, meter, size)?;
     check_size(shown, size, read)?;
     // fdatasync reports the file's write-back errors, so a file that did
     // not reach the disk fails the commit.
@@ -97,27 +77,49 @@ pub(super) fn copy_file(
         source,
     })?;
     let mut hasher = FileDigest::new(None);
-    let mut buf = vec![0u8; CHUNK];
-    let mut size = 0u64;
+    let from = (&mut file, relative.into(), "read a stored checkpoint file");
+    let to = (&mut out, shown, "write a restored checkpoint file");
+    let size = pump(from, to, &mut hasher, meter, u64::MAX)?;
+    Ok((size, hasher.finish()))
+}
+
+/// One side of [`pump`]: the file, its name in errors, and what is done
+/// to it, in words.
+type End<'a, P> = (&'a mut File, P, &'static str);
+
+/// Copy `from` into `to`, hashing on the way, until the end of `from` or
+/// just past `limit` bytes. Returns the bytes read (more than `limit` when
+/// the file grew past it, and then only `limit` or fewer are written).
+fn pump(
+    (from, from_name, reading): End<'_, std::path::PathBuf>,
+    (to, to_name, writing): End<'_, &Path>,
+    hasher: &mut FileDigest,
+    meter: &Meter,
+    limit: u64,
+) -> Result<u64, Error> {
+    let mut buf = vec![0u8; usize::try_from(limit).unwrap_or(CHUNK).clamp(1, CHUNK)];
+    let mut read = 0u64;
     loop {
-        let n = file.read(&mut buf).map_err(|source| Error::Io {
-            path: relative.into(),
-            operation: "read a stored checkpoint file",
+        let n = from.read(&mut buf).map_err(|source| Error::Io {
+            path: from_name.clone(),
+            operation: reading,
             source,
         })?;
         if n == 0 {
-            break;
+            return Ok(read);
+        }
+        read += n as u64;
+        if read > limit {
+            return Ok(read);
         }
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(|source| Error::Io {
-            path: shown.to_path_buf(),
-            operation: "write a restored checkpoint file",
+        to.write_all(&buf[..n]).map_err(|source| Error::Io {
+            path: to_name.to_path_buf(),
+            operation: writing,
             source,
         })?;
-        size += n as u64;
         meter.inc(n as u64);
     }
-    Ok((size, hasher.finish()))
 }
 
 /// Create `target` as a new file, creating missing directories and
