@@ -18,7 +18,9 @@
 //! (0.05), `num_samples` (100), `seed` (0), `sharded` (false),
 //! `fail_at_epoch` (none: panic at that epoch unless resumed from a
 //! checkpoint, to show crash recovery), `padding_mb` (0: extra MiB saved
-//! with every checkpoint, standing in for a larger model).
+//! with every checkpoint, standing in for a larger model), `hand_over`
+//! (false: hand each checkpoint directory over to the host instead of
+//! letting it copy the files; the loop writes every checkpoint afresh).
 //!
 //! On preemption (`preemption_requested()`, e.g. after SIGTERM to the
 //! host) the loop makes sure the epoch it just finished is checkpointed,
@@ -54,6 +56,8 @@ struct Config {
     /// Extra MiB saved with every checkpoint, standing in for a larger
     /// model (benchmarks and the crash campaign use it).
     padding_mb: u32,
+    /// Hand checkpoint directories over instead of having them copied.
+    hand_over: bool,
 }
 
 impl Default for Config {
@@ -67,6 +71,7 @@ impl Default for Config {
             sharded: false,
             fail_at_epoch: None,
             padding_mb: 0,
+            hand_over: false,
         }
     }
 }
@@ -125,7 +130,12 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
         let saves = config.sharded || rank == 0;
         let my_checkpoint = || -> Result<Option<Checkpoint>, Box<dyn std::error::Error>> {
             if saves {
-                save(&dir, &state, epoch, config.sharded, config.padding_mb).map(Some)
+                let saved = save(&dir, &state, epoch, config.sharded, config.padding_mb)?;
+                Ok(Some(if config.hand_over {
+                    saved.hand_over()
+                } else {
+                    saved
+                }))
             } else {
                 Ok(None)
             }

@@ -69,6 +69,10 @@ struct Campaign {
     /// Where the run is stored (default: a new temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The guest hands its checkpoint directories over
+    /// (`report-handing-over`) instead of having them copied.
+    #[arg(long)]
+    hand_over: bool,
 }
 
 #[derive(clap::Args)]
@@ -154,7 +158,8 @@ struct Host {
 
 fn start(c: &Campaign, storage: &Path) -> anyhow::Result<Host> {
     let config =
-        serde_json::json!({"num_epochs": c.epochs, "padding_mb": c.padding_mb}).to_string();
+        serde_json::json!({"num_epochs": c.epochs, "padding_mb": c.padding_mb, "hand_over": c.hand_over})
+            .to_string();
     let mut child = Command::new(std::env::current_exe()?)
         .arg("host")
         .arg("--guest")
