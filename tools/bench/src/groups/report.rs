@@ -6,16 +6,16 @@ use anyhow::Result;
 use serde_json::json;
 use trainhost::RunConfig;
 
-use crate::common::{Row, Unit, local_run, metric, run_guest};
+use crate::common::{Paired, Row, Unit, local_run, metric, run_guest};
 use crate::goals;
 use crate::load::Load;
 
 pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
     let reports = if quick { 2_000 } else { 20_000 };
-    let mut rows = Vec::new();
+    let reps = if quick { 1 } else { 3 };
     let storage = tempfile::tempdir()?;
-    let mut blocking_ns = 0.0;
-    for (workers, background) in [(1, false), (1, true), (2, true), (4, true), (16, true)] {
+    // One run of `workers` ranks: per round, and per trivial host call.
+    let measure = |workers: u32, background: bool| -> Result<(f64, f64)> {
         let result = run_guest(
             json!({"mode": "report", "reports": reports}),
             workers,
@@ -25,80 +25,83 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
             },
             Arc::default(),
         )?;
-        let (report_ns, call_ns) = (metric(&result, "report_ns")?, metric(&result, "call_ns")?);
-        if !background {
-            blocking_ns = report_ns;
+        Ok((metric(&result, "report_ns")?, metric(&result, "call_ns")?))
+    };
+    let row = |pairs: &Paired, measure: String, baseline_name: String, goal: String, judged: bool| {
+        let (baseline, ours) = pairs.medians();
+        Row {
+            group: "report",
+            measure,
+            baseline_name,
+            baseline,
+            ours,
+            unit: Unit::Nanos,
+            goal,
+            met: judged.then_some(ours <= goals::REPORT_NS),
+            spread: pairs.spread(),
+        }
+    };
+    let goal = format!(
+        "≤ {} µs a round (Ray: 2 s default, 4 ms tuned)",
+        goals::REPORT_NS / 1e3
+    );
+    let mut rows = Vec::new();
+    let mut waiting = Paired::default();
+    for _ in 0..reps {
+        let (blocking_ns, _) = measure(1, false)?;
+        let (report_ns, _) = measure(1, true)?;
+        waiting.push(blocking_ns, report_ns);
+    }
+    for workers in [1, 2, 4, 16] {
+        let (mut quiet, mut barrier, mut loaded) =
+            (Paired::default(), Paired::default(), Paired::default());
+        for _ in 0..reps {
+            let (report_ns, call_ns) = measure(workers, true)?;
+            quiet.push(call_ns, report_ns);
+            if workers > 1 {
+                barrier.push(barrier_round(workers, reports), report_ns);
+                // The same with every core busy with other work, as on a
+                // shared training machine: a waiting rank must not take
+                // the core the rank it waits for needs.
+                let load = Load::start(true, false);
+                let (loaded_ns, call_ns) = measure(workers, true)?;
+                drop(load);
+                loaded.push(call_ns, loaded_ns);
+            }
+        }
+        rows.push(row(
+            &quiet,
+            format!("`report` without checkpoint, {workers} rank(s)"),
+            "a trivial host call (`world-rank`)".into(),
+            goal.clone(),
+            true,
+        ));
+        if workers == 1 {
+            rows.push(row(
+                &waiting,
+                "`report` without checkpoint, 1 rank: background vs --wait-for-upload".into(),
+                "--wait-for-upload (history stored per report)".into(),
+                goals::comparison("what waiting for storage costs"),
+                false,
+            ));
             continue;
         }
-        rows.push(Row {
-            group: "report",
-            measure: format!("`report` without checkpoint, {workers} rank(s)"),
-            baseline_name: "a trivial host call (`world-rank`)".into(),
-            baseline: call_ns,
-            ours: report_ns,
-            unit: Unit::Nanos,
-            goal: format!(
-                "≤ {} µs a round (Ray: 2 s default, 4 ms tuned)",
-                goals::REPORT_NS / 1e3
+        rows.push(row(
+            &barrier,
+            format!("`report` without checkpoint, {workers} ranks, as above"),
+            format!(
+                "{workers} threads meeting at a `std::sync::Barrier` (the same meeting, no guest)"
             ),
-            met: Some(report_ns <= goals::REPORT_NS),
-            spread: None,
-        });
-        if workers > 1 {
-            let barrier_ns = barrier_round(workers, reports);
-            rows.push(Row {
-                group: "report",
-                measure: format!("`report` without checkpoint, {workers} ranks, as above"),
-                baseline_name: format!(
-                    "{workers} threads meeting at a `std::sync::Barrier` (the same meeting, no guest)"
-                ),
-                baseline: barrier_ns,
-                ours: report_ns,
-                unit: Unit::Nanos,
-                goal: goals::comparison("what the OS's own meeting of as many threads costs"),
-                met: None,
-                spread: None,
-            });
-            // The same with every core busy with other work, as on a shared
-            // training machine: a waiting rank must not take the core the
-            // rank it waits for needs.
-            let load = Load::start(true, false);
-            let result = run_guest(
-                json!({"mode": "report", "reports": reports}),
-                workers,
-                local_run(storage.path()),
-                Arc::default(),
-            )?;
-            drop(load);
-            let (loaded_ns, call_ns) = (metric(&result, "report_ns")?, metric(&result, "call_ns")?);
-            rows.push(Row {
-                group: "report",
-                measure: format!(
-                    "`report` without checkpoint, {workers} rank(s), a busy thread on every core"
-                ),
-                baseline_name: "a trivial host call (`world-rank`), same load".into(),
-                baseline: call_ns,
-                ours: loaded_ns,
-                unit: Unit::Nanos,
-                goal: format!("≤ {} µs a round", goals::REPORT_NS / 1e3),
-                met: Some(loaded_ns <= goals::REPORT_NS),
-                spread: None,
-            });
-        }
-        if workers == 1 {
-            rows.push(Row {
-                group: "report",
-                measure: "`report` without checkpoint, 1 rank: background vs --wait-for-upload"
-                    .into(),
-                baseline_name: "--wait-for-upload (history stored per report)".into(),
-                baseline: blocking_ns,
-                ours: report_ns,
-                unit: Unit::Nanos,
-                goal: goals::comparison("what waiting for storage costs"),
-                met: None,
-                spread: None,
-            });
-        }
+            goals::comparison("what the OS's own meeting of as many threads costs"),
+            false,
+        ));
+        rows.push(row(
+            &loaded,
+            format!("`report` without checkpoint, {workers} rank(s), a busy thread on every core"),
+            "a trivial host call (`world-rank`), same load".into(),
+            format!("≤ {} µs a round", goals::REPORT_NS / 1e3),
+            true,
+        ));
     }
     Ok(rows)
 }
