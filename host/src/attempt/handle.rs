@@ -37,10 +37,11 @@ pub(crate) enum Refused {
     HandOver(Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Moves a reported directory out of the rank's sandbox to the host path
-/// it is given (`report-handing-over`).
+/// Moves the directory a guest named (its path as the guest wrote it) out
+/// of the rank's sandbox to the host path it is given
+/// (`report-handing-over`).
 pub(crate) type HandOver<'a> =
-    &'a dyn Fn(&Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+    &'a dyn Fn(&str, &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// A checkpoint directory a rank reports.
 pub(crate) struct Reported<'a> {
@@ -147,7 +148,7 @@ impl RankHandle {
         if let Some(hand_over) = hand_over {
             // The capture's handle follows the directory where it moves.
             let to = self.attempt.handed_over_path(self.rank);
-            hand_over(&to).map_err(Refused::HandOver)?;
+            hand_over(shown, &to).map_err(Refused::HandOver)?;
             captured.handed_over = Some(HandedOver::new(to));
         }
         Ok(captured)

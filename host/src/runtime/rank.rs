@@ -169,10 +169,10 @@ impl RankState {
             return Ok(Err(report_error(refused)));
         }
         let sandbox = &self.sandbox;
-        let move_out = |to: &Path| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-            let path = checkpoint.as_deref().unwrap_or_default();
-            Ok(sandbox.hand_over(path, to)?)
-        };
+        let move_out =
+            |path: &str, to: &Path| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                Ok(sandbox.hand_over(path, to)?)
+            };
         let reported = match &checkpoint {
             None => None,
             Some(path) => match sandbox.open_dir(path) {

@@ -27,20 +27,21 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
         )?;
         Ok((metric(&result, "report_ns")?, metric(&result, "call_ns")?))
     };
-    let row = |pairs: &Paired, measure: String, baseline_name: String, goal: String, judged: bool| {
-        let (baseline, ours) = pairs.medians();
-        Row {
-            group: "report",
-            measure,
-            baseline_name,
-            baseline,
-            ours,
-            unit: Unit::Nanos,
-            goal,
-            met: judged.then_some(ours <= goals::REPORT_NS),
-            spread: pairs.spread(),
-        }
-    };
+    let row =
+        |pairs: &Paired, measure: String, baseline_name: String, goal: String, judged: bool| {
+            let (baseline, ours) = pairs.medians();
+            Row {
+                group: "report",
+                measure,
+                baseline_name,
+                baseline,
+                ours,
+                unit: Unit::Nanos,
+                goal,
+                met: judged.then_some(ours <= goals::REPORT_NS),
+                spread: pairs.spread(),
+            }
+        };
     let goal = format!(
         "≤ {} µs a round (Ray: 2 s default, 4 ms tuned)",
         goals::REPORT_NS / 1e3
