@@ -6,17 +6,6 @@ use trainhost::{Checkpoint, RunConfig};
 
 use crate::util::*;
 
-fn run_mode(workers: u32, steps: serde_json::Value, background: bool) -> Run {
-    let (builder, storage, lines) = scripted(workers, steps);
-    let builder = builder.run_config(RunConfig {
-        name: Some("t".into()),
-        storage_path: storage.path().display().to_string(),
-        persist_in_background: background,
-        ..RunConfig::default()
-    });
-    finish(builder, storage, lines)
-}
-
 /// The directory is empty when `report` returns, the checkpoint holds the
 /// files the guest wrote, and the guest may write the next checkpoint in
 /// the same directory at once (R8), in both persisting modes.
@@ -32,7 +21,7 @@ fn handed_over_files_are_committed_and_the_directory_left_empty() {
             {"report": {"epoch": 1}, "checkpoint": "ck", "hand_over": true},
             {"count_entries": "ck"},
         ]);
-        let run = run_mode(1, steps, background);
+        let run = run_persisting(1, steps, background);
         run.assert_ok();
         assert_eq!(
             run.stdout(0),

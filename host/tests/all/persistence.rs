@@ -26,14 +26,7 @@ fn the_guest_may_change_its_directory_as_soon_as_report_returns() {
             {"remove": "ck"},
             {"report": {"epoch": 2}},
         ]);
-        let (builder, storage, lines) = scripted(2, steps);
-        let builder = builder.run_config(RunConfig {
-            name: Some("t".into()),
-            storage_path: storage.path().display().to_string(),
-            persist_in_background: background,
-            ..RunConfig::default()
-        });
-        let run = finish(builder, storage, lines);
+        let run = run_persisting(2, steps, background);
         run.assert_ok();
         let dir = run.dir();
         let read = |p: &str| std::fs::read(dir.join(p)).unwrap();

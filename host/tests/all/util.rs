@@ -101,6 +101,19 @@ pub fn run(workers: u32, steps: Value) -> Run {
     finish(builder, storage, lines)
 }
 
+/// Run `steps` on `workers` ranks of the scripted guest, persisting in the
+/// background (the default) or not (`--wait-for-upload`).
+pub fn run_persisting(workers: u32, steps: Value, background: bool) -> Run {
+    let (builder, storage, lines) = scripted(workers, steps);
+    let builder = builder.run_config(RunConfig {
+        name: Some("t".into()),
+        storage_path: storage.path().display().to_string(),
+        persist_in_background: background,
+        ..RunConfig::default()
+    });
+    finish(builder, storage, lines)
+}
+
 pub fn finish(builder: TrainerBuilder, storage: tempfile::TempDir, lines: Arc<Lines>) -> Run {
     let result = builder.build().unwrap().fit().unwrap();
     Run {
