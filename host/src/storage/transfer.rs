@@ -47,18 +47,13 @@ impl Storage {
         let dir = local
             .path_to_filesystem(&self.root)
             .map_err(|e| self.error("flush the checkpoint directory".into(), e))?;
-        tokio::task::spawn_blocking(move || {
+        blocking(&self.url, "flush checkpoint files", move || {
             if flush_files {
                 local::sync_files(&paths)?;
             }
             local::sync_directories(&dir, &paths)
         })
         .await
-        .map_err(|e| Error::Io {
-            path: self.url.clone().into(),
-            operation: "flush checkpoint files",
-            source: std::io::Error::other(e),
-        })?
     }
 
     /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256
@@ -82,15 +77,10 @@ impl Storage {
                 .path_to_filesystem(&location)
                 .map_err(|e| self.error(format!("upload {relative}"), e))?;
             let (shown, meter, flush) = (relative.to_owned(), meter.clone(), self.flush);
-            return tokio::task::spawn_blocking(move || {
+            return blocking(relative, "write a checkpoint file", move || {
                 local::write_file(file, &shown, &target, size, known_sha256, &meter, flush)
             })
-            .await
-            .map_err(|e| Error::Io {
-                path: relative.into(),
-                operation: "write a checkpoint file",
-                source: std::io::Error::other(e),
-            })?;
+            .await;
         }
         let mut file = tokio::fs::File::from_std(file);
         let mut hasher = FileDigest::new(known_sha256);
@@ -239,15 +229,10 @@ impl Storage {
                 .map_err(|e| self.error(format!("download {relative}"), e))?;
             let (shown, meter) = (shown.to_path_buf(), meter.clone());
             let what = relative.to_owned();
-            return tokio::task::spawn_blocking(move || {
+            return blocking(relative, "restore a checkpoint file", move || {
                 local::copy_file(&source, &what, out, &shown, &meter)
             })
-            .await
-            .map_err(|e| Error::Io {
-                path: relative.into(),
-                operation: "restore a checkpoint file",
-                source: std::io::Error::other(e),
-            })?;
+            .await;
         }
         let mut out = tokio::fs::File::from_std(out);
         let io_err = |source| Error::Io {
@@ -292,4 +277,20 @@ impl Storage {
             .map(|r| r.into_stream())
             .map_err(|e| self.error(format!("read {relative}"), e))
     }
+}
+
+/// Run `work` on the blocking pool. A task that did not finish (it
+/// panicked, or the runtime is shutting down) is an I/O error on `path`.
+async fn blocking<T: Send + 'static>(
+    path: &str,
+    operation: &'static str,
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Io {
+            path: path.into(),
+            operation,
+            source: std::io::Error::other(e),
+        })?
 }
