@@ -46,6 +46,30 @@ impl Paired {
         (median(self.baseline.clone()), median(self.ours.clone()))
     }
 
+    /// A row of times: the medians, the range of the ratios, and `met`
+    /// as `judge` finds it from the medians (baseline, ours).
+    pub(crate) fn row(
+        &self,
+        group: &'static str,
+        measure: String,
+        baseline_name: String,
+        goal: String,
+        judge: impl FnOnce(f64, f64) -> Option<bool>,
+    ) -> Row {
+        let (baseline, ours) = self.medians();
+        Row {
+            group,
+            measure,
+            baseline_name,
+            baseline,
+            ours,
+            unit: Unit::Nanos,
+            goal,
+            met: judge(baseline, ours),
+            spread: self.spread(),
+        }
+    }
+
     /// The range of the per-repetition ratios, when there are several.
     pub(crate) fn spread(&self) -> Option<(f64, f64)> {
         let ratios = self.baseline.iter().zip(&self.ours).map(|(b, o)| o / b);

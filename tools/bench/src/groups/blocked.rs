@@ -9,7 +9,7 @@ use serde_json::json;
 use trainhost::{CheckpointConfig, RunConfig};
 
 use crate::common::{
-    Paired, Row, Unit, checkpoint_sizes, layout, local_run, metric, run_guest, size_name, sync,
+    Paired, Row, checkpoint_sizes, layout, local_run, metric, run_guest, size_name, sync,
 };
 use crate::goals;
 
@@ -108,19 +108,14 @@ pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Ve
     let name = size_name(total);
     let on = target.name;
     let goal = blocked_goal(total);
-    let row = |pairs: &Paired, measure: String, baseline_name: &str, goal: &str, judged: bool| {
-        let (baseline, ours) = pairs.medians();
-        Row {
-            group: "blocked",
+    let row = |pairs: &Paired, measure, baseline_name: &str, goal: &str, judged: bool| {
+        pairs.row(
+            "blocked",
             measure,
-            baseline_name: baseline_name.into(),
-            baseline,
-            ours,
-            unit: Unit::Nanos,
-            goal: goal.into(),
-            met: judged.then_some(ours <= goals::BLOCKED_64MIB_NS),
-            spread: pairs.spread(),
-        }
+            baseline_name.into(),
+            goal.into(),
+            |_, o| judged.then_some(o <= goals::BLOCKED_64MIB_NS),
+        )
     };
     let judged = total == 64 << 20;
     // A guest that checkpoints faster than storage takes checkpoints waits

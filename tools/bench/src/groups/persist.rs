@@ -11,7 +11,7 @@ use trainhost::StorageOptions;
 use trainhost::bench::Durability;
 
 use crate::common::{
-    Paired, Row, Unit, checkpoint_sizes, describe, layout, size_name, small_files_layout, sync,
+    Paired, Row, checkpoint_sizes, describe, layout, size_name, small_files_layout, sync,
     time_command,
 };
 use crate::goals;
@@ -43,21 +43,11 @@ pub(crate) fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
             size_name(total),
             describe(&layout)
         );
-        let row =
-            |pairs: &Paired, measure: String, baseline_name: &str, goal: String, met: bool| {
-                let (baseline, ours) = pairs.medians();
-                Row {
-                    group: "persist",
-                    measure,
-                    baseline_name: baseline_name.into(),
-                    baseline,
-                    ours,
-                    unit: Unit::Nanos,
-                    goal,
-                    met: met.then_some(ours <= goals::PERSIST_VS_CP_SYNC * baseline),
-                    spread: pairs.spread(),
-                }
-            };
+        let row = |pairs: &Paired, measure, baseline_name: &str, goal, met: bool| {
+            pairs.row("persist", measure, baseline_name.into(), goal, |b, o| {
+                met.then_some(o <= goals::PERSIST_VS_CP_SYNC * b)
+            })
+        };
         rows.push(row(
             &on_disk,
             format!(

@@ -6,7 +6,7 @@ use anyhow::Result;
 use serde_json::json;
 use trainhost::RunConfig;
 
-use crate::common::{Paired, Row, Unit, local_run, metric, run_guest};
+use crate::common::{Paired, Row, local_run, metric, run_guest};
 use crate::goals;
 use crate::load::Load;
 
@@ -27,21 +27,11 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
         )?;
         Ok((metric(&result, "report_ns")?, metric(&result, "call_ns")?))
     };
-    let row =
-        |pairs: &Paired, measure: String, baseline_name: String, goal: String, judged: bool| {
-            let (baseline, ours) = pairs.medians();
-            Row {
-                group: "report",
-                measure,
-                baseline_name,
-                baseline,
-                ours,
-                unit: Unit::Nanos,
-                goal,
-                met: judged.then_some(ours <= goals::REPORT_NS),
-                spread: pairs.spread(),
-            }
-        };
+    let row = |pairs: &Paired, measure, baseline_name, goal, judged: bool| {
+        pairs.row("report", measure, baseline_name, goal, |_, o| {
+            judged.then_some(o <= goals::REPORT_NS)
+        })
+    };
     let goal = format!(
         "≤ {} µs a round (Ray: 2 s default, 4 ms tuned)",
         goals::REPORT_NS / 1e3
