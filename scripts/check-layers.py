@@ -25,7 +25,7 @@ SRC = Path(__file__).resolve().parent.parent / "host" / "src"
 LAYERS = [
     ["error", "metrics", "failure", "preemption"],
     ["config"],
-    ["storage"],
+    ["storage", "collective"],
     ["record"],
     ["persist", "checkpoint", "sync", "owner"],
     ["ledger"],

@@ -65,6 +65,7 @@
 //! [trainhost]: https://github.com/trainhost/trainhost
 #![deny(missing_docs)]
 
+pub mod collective;
 mod metrics;
 
 #[doc(hidden)]

@@ -50,6 +50,7 @@ mod attempt;
 #[doc(hidden)]
 pub mod bench;
 mod checkpoint;
+mod collective;
 mod config;
 mod error;
 mod failure;

@@ -1,12 +1,14 @@
-//! The report gate: makes `report` collective (R6).
+//! The gate: makes `report` and the collectives collective (R6, R29).
 //!
-//! The k-th `report` calls of all ranks form report k. Each rank's call
-//! waits here until every rank's k-th call has arrived; the last to arrive
-//! becomes the leader, persists and commits the report while the others
-//! wait, and then everyone returns the same outcome. Ranks that disagree on
-//! the number of reports fail the run with an error naming them: at once
-//! when one rank has already returned from `train`, else after the report
-//! timeout.
+//! The k-th collective calls of all ranks (`report` or a call of the
+//! `collective` interface) form round k. Each rank's call waits here until
+//! every rank's k-th call has arrived; the last to arrive becomes the
+//! leader, runs the round (persists and commits a report, matches and sets
+//! up an exchange) while the others wait, and then everyone returns the
+//! same outcome. Ranks that disagree on the number of calls fail the run
+//! with an error naming them: at once when one rank has already returned
+//! from `train`, else after the report timeout. Whether the calls of a
+//! round agree with each other is for the leader to say.
 //!
 //! Waiting is built for many short rounds: a waiting rank registers its
 //! thread and the leader unparks exactly the waiting threads once the
@@ -59,7 +61,12 @@ enum Active {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Aborted;
 
-/// Every rank's arrival for one report, by rank.
+/// What an arrival is, for messages: "report", "barrier", ...
+pub(crate) trait Describe {
+    fn describe(&self) -> String;
+}
+
+/// Every rank's arrival for one round, by rank.
 pub(crate) struct Gathered<A> {
     pub arrivals: Vec<A>,
 }
@@ -75,7 +82,7 @@ struct State<A, O> {
     /// can call again, and a round cannot complete without every rank, so
     /// one slot is enough.
     last: Option<(u64, O)>,
-    /// Per rank: the number of reports it returned from `train` after.
+    /// Per rank: the number of rounds it returned from `train` after.
     finished: Vec<Option<u64>>,
     aborted: bool,
     /// The threads waiting for the current round (or for an abort).
@@ -126,10 +133,16 @@ impl<A, O> std::fmt::Debug for ReportGate<A, O> {
 /// caller fails the run with it. The text names the ranks and what each
 /// did.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("report protocol violation: {0}")]
+#[error("collective protocol violation: {0}")]
 pub(crate) struct Violation(String);
 
-impl<A, O: Clone> ReportGate<A, O> {
+impl Violation {
+    pub fn new(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl<A: Describe, O: Clone> ReportGate<A, O> {
     pub fn new(world_size: usize, timeout: Duration) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Self {
@@ -160,8 +173,8 @@ impl<A, O: Clone> ReportGate<A, O> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Arrive with `arrival` for this rank's next report and wait for the
-    /// round's outcome. The last rank to arrive runs `lead` on everyone's
+    /// Arrive with `arrival` for this rank's next collective call and wait
+    /// for the round's outcome. The last rank to arrive runs `lead` on everyone's
     /// arrivals (without holding the lock) and its result is every rank's
     /// outcome.
     ///
@@ -185,14 +198,15 @@ impl<A, O: Clone> ReportGate<A, O> {
             .iter()
             .enumerate()
             .filter_map(|(r, n)| n.filter(|n| *n <= round).map(|n| (r, n)))
-            .map(|(r, n)| format!("rank {r} returned from train after {n} reports"))
+            .map(|(r, n)| format!("rank {r} returned from train after {n} collective calls"))
             .collect();
         if !gone.is_empty() {
             let waiting = st.abort();
             drop(st);
             self.changed(waiting);
             return Err(Ok(Violation(format!(
-                "rank {rank} called report a {} time, but {}; every rank must call report the same number of times",
+                "rank {rank} called {} as its {} collective call, but {}; {SAME_CALLS}",
+                arrival.describe(),
                 ordinal(round + 1),
                 gone.join(", ")
             ))));
@@ -224,25 +238,30 @@ impl<A, O: Clone> ReportGate<A, O> {
         let deadline = Instant::now() + self.timeout;
         let mut active = self.active.filter(|_| self.active_pays());
         loop {
-            if st.aborted {
-                return Err(Err(Aborted));
-            }
+            // A completed round's outcome stands even if the run began
+            // stopping since: a mismatch the leader found is told to every
+            // rank of the round.
             if let Some((r, outcome)) = &st.last
                 && *r == round
             {
                 return Ok(outcome.clone());
             }
+            if st.aborted {
+                return Err(Err(Aborted));
+            }
             let now = Instant::now();
             if !st.closed && now >= deadline {
                 let (came, missing): (Vec<usize>, Vec<usize>) =
                     (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
+                let what = self.calls(&st);
                 let waiting = st.abort();
                 drop(st);
                 self.changed(waiting);
                 return Err(Ok(Violation(format!(
-                    "ranks {came:?} waited {} in their {} report for ranks {missing:?}, which did not report; every rank must call report the same number of times (raise the report timeout if a step can take longer)",
+                    "ranks {came:?} waited {} in their {} collective call ({}) for ranks {missing:?}, which did not arrive; {SAME_CALLS} (raise the report timeout if a step can take longer)",
                     humantime::format_duration(self.timeout),
                     ordinal(round + 1),
+                    what,
                 ))));
             }
             // Once the round is closed the leader is persisting; that has
@@ -303,24 +322,39 @@ impl<A, O: Clone> ReportGate<A, O> {
         wake(waiting);
     }
 
-    /// Note that `rank` returned from `train` after `reports` reports.
-    /// Returns a violation if ranks are waiting for a report it will never
-    /// make.
-    pub fn finish(&self, rank: usize, reports: u64) -> Result<(), Violation> {
+    /// The number of completed rounds.
+    pub fn rounds(&self) -> u64 {
+        self.lock().round
+    }
+
+    /// What the ranks waiting in the current round called.
+    fn calls(&self, st: &State<A, O>) -> String {
+        let mut calls: Vec<String> = st.arrivals.iter().flatten().map(A::describe).collect();
+        calls.dedup();
+        calls.join(", ")
+    }
+
+    /// Note that `rank` returned from `train`. Returns a violation if ranks
+    /// are waiting for a collective call it will never make.
+    pub fn finish(&self, rank: usize) -> Result<(), Violation> {
         let mut st = self.lock();
-        st.finished[rank] = Some(reports);
-        if st.aborted || st.arrived == 0 || st.round < reports {
+        // Every round before the current one completed with this rank, and
+        // it is not in the current one: that is how many calls it made.
+        let calls = st.round;
+        st.finished[rank] = Some(calls);
+        if st.aborted || st.arrived == 0 {
             return Ok(());
         }
         let waiting: Vec<usize> = (0..self.world_size)
             .filter(|r| st.arrivals[*r].is_some())
             .collect();
         let round = st.round;
+        let what = self.calls(&st);
         let threads = st.abort();
         drop(st);
         self.changed(threads);
         Err(Violation(format!(
-            "rank {rank} returned from train after {reports} reports while ranks {waiting:?} wait in their {} report; every rank must call report the same number of times",
+            "rank {rank} returned from train after {calls} collective calls while ranks {waiting:?} wait in their {} ({what}); {SAME_CALLS}",
             ordinal(round + 1)
         )))
     }
@@ -332,7 +366,10 @@ impl<A, O: Clone> ReportGate<A, O> {
     }
 }
 
-fn ordinal(n: u64) -> String {
+/// The rule every protocol violation ends with.
+const SAME_CALLS: &str = "every rank must make the same collective calls (report and the calls of `collective`) in the same order";
+
+pub(super) fn ordinal(n: u64) -> String {
     let suffix = match (n % 10, n % 100) {
         (_, 11..=13) => "th",
         (1, _) => "st",
@@ -347,6 +384,12 @@ fn ordinal(n: u64) -> String {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    impl Describe for u32 {
+        fn describe(&self) -> String {
+            format!("call {self}")
+        }
+    }
 
     fn gate(n: usize, timeout_ms: u64) -> Arc<ReportGate<u32, u32>> {
         Arc::new(ReportGate::new(n, Duration::from_millis(timeout_ms)))
@@ -421,21 +464,27 @@ mod tests {
         while g.lock().arrived == 0 {
             std::thread::yield_now();
         }
-        let violation = g.finish(0, 0).unwrap_err().to_string();
+        let violation = g.finish(0).unwrap_err().to_string();
         assert!(
-            violation.contains("rank 0 returned from train after 0 reports"),
+            violation.contains("rank 0 returned from train after 0 collective calls"),
             "{violation}"
         );
-        assert!(violation.contains("ranks [1]"), "{violation}");
+        assert!(
+            violation.contains("ranks [1] wait in their 1st (call 0)"),
+            "{violation}"
+        );
         assert_eq!(waiter.join().unwrap(), Err(Err(Aborted)));
     }
 
     #[test]
     fn reporting_after_another_rank_finished_is_a_violation() {
         let g = gate(2, 60_000);
-        g.finish(0, 0).unwrap();
-        let err = g.arrive(1, 0, |_| 0).unwrap_err().unwrap().to_string();
-        assert!(err.contains("rank 1 called report a 1st time"), "{err}");
+        g.finish(0).unwrap();
+        let err = g.arrive(1, 7, |_| 0).unwrap_err().unwrap().to_string();
+        assert!(
+            err.contains("rank 1 called call 7 as its 1st collective call"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cap_std::fs::Dir;
 
 use super::{Aborted, Shared};
+use crate::collective::{Call, CollectiveError, Delivered};
 use crate::config::{NotAScore, human_bytes};
 use crate::failure::RunFailure;
 use crate::metrics::Metrics;
@@ -154,6 +155,12 @@ impl RankHandle {
         Ok(captured)
     }
 
+    /// The rank's part of the next collective call of the `collective`
+    /// interface (R29): its result, or why there is none.
+    pub fn collective(&self, call: Call) -> Result<Delivered, CollectiveError> {
+        self.attempt.collective(self.rank, call)
+    }
+
     /// Whether the rank sees preemption requested: the same answer on
     /// every rank after the same report.
     pub fn preemption_requested(&self) -> bool {
@@ -174,8 +181,7 @@ impl RankHandle {
         attempt.supervisor.ended(self.rank);
         match how {
             RankEnd::Finished => {
-                let reports = attempt.supervisor.reports(self.rank);
-                if let Err(violation) = attempt.gate.finish(self.rank as usize, reports) {
+                if let Err(violation) = attempt.gate.finish(self.rank as usize) {
                     attempt.fail_protocol(violation);
                 }
             }

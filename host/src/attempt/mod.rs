@@ -1,9 +1,10 @@
 //! One attempt of a run: a gang of ranks started together, supervised
 //! together, and stopped together (R19).
 //!
-//! The attempt owns what its ranks share: the collective report (the gate
-//! in `gate.rs` and the recorder that writes reports to storage in
-//! `recorder.rs` and `writer.rs`), the restorer that hands out the
+//! The attempt owns what its ranks share: the collective calls (the gate
+//! in `gate.rs` that matches them, `round.rs` that runs a round: a report
+//! through the recorder that writes reports to storage in `recorder.rs` and
+//! `writer.rs`, or an exchange of data between the ranks), the restorer that hands out the
 //! checkpoint to resume from (`restore.rs`), the preemption latch, and the
 //! supervision of the gang (`supervisor.rs`: the first failure, the stop
 //! flag, each rank's liveness; `watch.rs`: the thread that enforces the
@@ -34,6 +35,7 @@ mod handle;
 mod queue;
 mod recorder;
 mod restore;
+mod round;
 mod supervisor;
 mod watch;
 mod writer;
@@ -49,17 +51,16 @@ pub(crate) use gate::Aborted;
 pub(crate) use handle::{HandOver, RankEnd, RankHandle, Refused, Reported};
 pub(crate) use restore::RestoreCache;
 
-use gate::{ReportGate, Violation};
+use gate::ReportGate;
 use recorder::Recorder;
 use restore::Restorer;
+use round::{Arrival, Outcome};
 use supervisor::Supervisor;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::Ledger;
-use crate::metrics::Metrics;
-use crate::persist::{Capture, Collision};
 use crate::preemption::Preemption;
 
 /// What one attempt needs.
@@ -103,20 +104,6 @@ pub(crate) struct Ended {
 #[derive(Debug)]
 pub(crate) struct Attempt {
     shared: Arc<Shared>,
-}
-
-/// What a rank brings to a report.
-struct Arrival {
-    metrics: Metrics,
-    capture: Option<Capture>,
-}
-
-/// A report's outcome, the same for every rank.
-#[derive(Debug, Clone)]
-enum Outcome {
-    Recorded,
-    Refused(Collision),
-    Failed,
 }
 
 /// Shared by the ranks and the watcher of one attempt.
@@ -279,65 +266,6 @@ impl Shared {
             rank: None,
             kind: FailureKind::Storage,
             message: failed.to_string(),
-        });
-    }
-
-    /// Rank `rank`'s part of the next collective report. Returns the
-    /// report's outcome, or `Aborted` if the attempt is stopping (this call
-    /// may be the cause).
-    fn report(
-        &self,
-        rank: u32,
-        metrics: Metrics,
-        capture: Option<Capture>,
-    ) -> Result<Result<(), Collision>, Aborted> {
-        let arrival = Arrival { metrics, capture };
-        self.supervisor.alive(rank);
-        // Waiting for slower ranks is not stalling.
-        self.supervisor.waiting(rank, true);
-        let outcome = self.gate.arrive(rank as usize, arrival, |gathered| {
-            let mut arrivals = gathered.arrivals;
-            let captures: Vec<Capture> = arrivals
-                .iter_mut()
-                .filter_map(|a| a.capture.take())
-                .collect();
-            // Rank 0's metrics are the report's (R6).
-            let metrics = std::mem::take(&mut arrivals[0].metrics);
-            let outcome = match self.recorder.record(metrics, captures) {
-                Ok(Ok(())) => Outcome::Recorded,
-                Ok(Err(collision)) => Outcome::Refused(collision),
-                Err(failed) => {
-                    self.fail_recording(failed);
-                    Outcome::Failed
-                }
-            };
-            // Latched here, between reports, so that every rank sees the
-            // request after the same report.
-            let completed = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
-            if self.preemption.is_requested() {
-                self.preempt_after.get_or_init(|| completed);
-            }
-            outcome
-        });
-        self.supervisor.waiting(rank, false);
-        self.supervisor.alive(rank);
-        match outcome {
-            Ok(Outcome::Recorded) => Ok(Ok(())),
-            Ok(Outcome::Refused(collision)) => Ok(Err(collision)),
-            Ok(Outcome::Failed) | Err(Err(Aborted)) => Err(Aborted),
-            Err(Ok(violation)) => {
-                self.fail_protocol(violation);
-                Err(Aborted)
-            }
-        }
-    }
-
-    /// Ranks disagree on the number of reports: the message names them all.
-    fn fail_protocol(&self, violation: Violation) {
-        self.fail(RunFailure {
-            rank: None,
-            kind: FailureKind::Protocol,
-            message: violation.to_string(),
         });
     }
 

@@ -3,6 +3,7 @@
 
 mod bindings;
 pub(crate) mod cache;
+mod collective;
 mod guest;
 pub(crate) mod limits;
 pub(crate) mod output;
@@ -32,7 +33,7 @@ use rank::RankState;
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// The WIT package version this host implements, for messages.
-pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.0";
+pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.2";
 
 /// A guest compiled once and ready to instantiate for any number of ranks.
 pub(crate) struct GuestComponent {

@@ -53,8 +53,10 @@ pub(crate) struct RankState {
     info: RankInfo,
     shared: RankShared,
     sandbox: Sandbox,
-    attempt: RankHandle,
+    pub(super) attempt: RankHandle,
     memory: MemoryLimiter,
+    /// A collective call told the guest that the run is stopping.
+    pub(super) told_to_stop: bool,
 }
 
 /// A rank's sandbox could not be set up.
@@ -68,7 +70,7 @@ struct PreopenFailed {
 
 /// The trap that stops a rank because its attempt is stopping.
 #[derive(Debug)]
-struct StoppedByHost;
+pub(super) struct StoppedByHost;
 
 impl std::fmt::Display for StoppedByHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -310,6 +312,7 @@ fn build_state(
         shared,
         sandbox,
         attempt,
+        told_to_stop: false,
     })
 }
 

@@ -4,6 +4,7 @@
 mod blocked;
 mod cli;
 mod cloud;
+mod collective;
 mod escape;
 mod example;
 mod failures;

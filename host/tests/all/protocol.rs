@@ -22,17 +22,17 @@ fn a_rank_reporting_more_often_fails_the_run_naming_both_ranks() {
     assert_eq!(e.kind, FailureKind::Protocol);
     let msg = e.to_string();
     assert!(
-        msg.contains("rank 0 returned from train after 1 reports"),
+        msg.contains("rank 0 returned from train after 1 collective calls"),
         "{msg}"
     );
     // Which of the two notices first depends on timing; either way both
     // ranks are named.
     assert!(
-        msg.contains("ranks [1] wait in their 2nd report")
-            || msg.contains("rank 1 called report a 2nd time"),
+        msg.contains("ranks [1] wait in their 2nd (report)")
+            || msg.contains("rank 1 called report as its 2nd collective call"),
         "{msg}"
     );
-    assert!(msg.starts_with("report protocol violation"), "{msg}");
+    assert!(msg.starts_with("collective protocol violation"), "{msg}");
     // Detected when rank 0 returns, not after the 60 s report timeout.
     assert!(
         started.elapsed() < Duration::from_secs(30),

@@ -33,10 +33,14 @@
 //! - `{"until_preempted": true}`: report `i` = 0, 1, .. until preemption is
 //!   requested, then report a checkpoint holding `final` and return
 //!
+//! - the collective steps listed in `collective.rs`
+//!
 //! A step with `"when_attempt": [..]` runs only when the restored
 //! checkpoint's `attempt` file holds one of those numbers (0 without one);
 //! `{attempt}` and `{next_attempt}` stand for that number and the next. In
 //! report metrics the strings "NaN", "inf" and "-inf" stand for floats.
+
+mod collective;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -105,6 +109,9 @@ fn scratch_path(p: &str) -> PathBuf {
 fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
     let rank = vars.rank;
     let io = |e: std::io::Error| e.to_string();
+    if collective::run(step, rank, |key| text(step, key, vars))? {
+        return Ok(());
+    }
     if let Some(path) = text(step, "write", vars) {
         let path = scratch_path(&path);
         if let Some(parent) = path.parent() {

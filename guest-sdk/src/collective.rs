@@ -1,0 +1,148 @@
+//! Combining the ranks' data: [`barrier`], [`broadcast`], [`all_reduce`],
+//! [`all_gather`].
+//!
+//! Every call here is collective, like [`report`](crate::report): every
+//! rank makes the same calls in the same order (reports and collectives
+//! counted together), and a call returns once every rank has made it. Calls
+//! that do not match fail the run with an error naming the ranks and what
+//! each called. Results are the same bits on every rank, and the same from
+//! run to run for the same inputs.
+//!
+//! Data-parallel training averages the gradients of every rank's shard
+//! before each step, so that every rank applies the same update:
+//!
+//! ```no_run
+//! use trainhost_guest::collective::{self, Op};
+//!
+//! # fn gradients_of_my_shard() -> Vec<f32> { vec![] }
+//! # fn apply(_: &[f32]) {}
+//! # fn step() -> Result<(), collective::CollectiveError> {
+//! let mut gradients: Vec<f32> = gradients_of_my_shard();
+//! collective::all_reduce(&mut gradients, Op::Mean)?;
+//! apply(&gradients);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+
+use crate::wit::trainhost::train::collective as wit;
+
+/// How [`all_reduce`] combines the ranks' values, element by element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// The sum (integers wrap around on overflow).
+    Sum,
+    /// The sum divided by the number of ranks; floats only.
+    Mean,
+    /// The smallest value (for floats, a NaN loses to a number).
+    Min,
+    /// The largest value (for floats, a NaN loses to a number).
+    Max,
+}
+
+impl From<Op> for wit::ReduceOp {
+    fn from(op: Op) -> Self {
+        match op {
+            Op::Sum => wit::ReduceOp::Sum,
+            Op::Mean => wit::ReduceOp::Mean,
+            Op::Min => wit::ReduceOp::Min,
+            Op::Max => wit::ReduceOp::Max,
+        }
+    }
+}
+
+/// Why a collective call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CollectiveError {
+    /// The ranks' calls do not match (another operation, type, length or
+    /// root), or a rank returned from the loop or never came. The run is
+    /// failing with this message: return from the loop.
+    Mismatch(String),
+    /// The run is stopping (another rank failed, a limit was hit, the run
+    /// is preempted): return from the loop. Another call stops the rank.
+    Aborted(String),
+    /// Every rank made this call and it cannot be carried out (the mean of
+    /// integers, a result over the memory limit). The run goes on.
+    Invalid(String),
+}
+
+impl fmt::Display for CollectiveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CollectiveError::Mismatch(m) => f.write_str(m),
+            CollectiveError::Aborted(m) => write!(f, "collective call aborted: {m}"),
+            CollectiveError::Invalid(m) => write!(f, "invalid collective call: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CollectiveError {}
+
+impl From<wit::CollectiveError> for CollectiveError {
+    fn from(e: wit::CollectiveError) -> Self {
+        match e {
+            wit::CollectiveError::Mismatch(m) => CollectiveError::Mismatch(m),
+            wit::CollectiveError::Aborted(m) => CollectiveError::Aborted(m),
+            wit::CollectiveError::Invalid(m) => CollectiveError::Invalid(m),
+        }
+    }
+}
+
+/// Wait until every rank has called `barrier`.
+pub fn barrier() -> Result<(), CollectiveError> {
+    Ok(wit::barrier()?)
+}
+
+/// Replace `data` on every rank with rank `root`'s `data`. What the other
+/// ranks hold before the call is not sent.
+pub fn broadcast(data: &mut Vec<u8>, root: u32) -> Result<(), CollectiveError> {
+    let sent: &[u8] = if crate::world_rank() == root {
+        data
+    } else {
+        &[]
+    };
+    *data = wit::broadcast(sent, root)?;
+    Ok(())
+}
+
+/// Every rank's `data`, in rank order. Ranks may send different lengths.
+pub fn all_gather(data: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+    Ok(wit::all_gather(data)?)
+}
+
+/// Replace `data` on every rank with the element-wise combination of every
+/// rank's `data`. Every rank passes the same number of elements. Works on
+/// `f32`, `f64` and `i64` (without [`Op::Mean`]).
+pub fn all_reduce<T: Reducible>(data: &mut [T], op: Op) -> Result<(), CollectiveError> {
+    T::all_reduce(data, op)
+}
+
+/// A type [`all_reduce`] combines: `f32`, `f64`, `i64`.
+pub trait Reducible: Copy + sealed::Sealed {
+    #[doc(hidden)]
+    fn all_reduce(data: &mut [Self], op: Op) -> Result<(), CollectiveError>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for i64 {}
+}
+
+macro_rules! reducible {
+    ($t:ty, $call:path) => {
+        impl Reducible for $t {
+            fn all_reduce(data: &mut [Self], op: Op) -> Result<(), CollectiveError> {
+                let result = $call(data, op.into())?;
+                data.copy_from_slice(&result);
+                Ok(())
+            }
+        }
+    };
+}
+
+reducible!(f32, wit::all_reduce_f32);
+reducible!(f64, wit::all_reduce_f64);
+reducible!(i64, wit::all_reduce_s64);

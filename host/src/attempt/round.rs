@@ -1,0 +1,191 @@
+//! One round of collective calls: what each rank brings, what the leader
+//! does with it, and what every rank takes back (R6, R29–R33).
+//!
+//! A round is a report when every rank called `report`, an exchange when
+//! every rank called a collective; anything else is a mismatch that fails
+//! the run. The leader (the last rank to arrive, see `gate.rs`) commits the
+//! report or sets up the exchange; each rank then takes its own result from
+//! the shared outcome, on its own thread.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::gate::{Describe, Gathered, Violation, ordinal};
+use super::{Aborted, Shared};
+use crate::collective::{self, Call, CollectiveError, Delivered, Exchange, Unmet};
+use crate::failure::{FailureKind, RunFailure};
+use crate::metrics::Metrics;
+use crate::persist::{Capture, Collision};
+
+/// What a rank brings to a round.
+pub(super) enum Arrival {
+    Report {
+        metrics: Metrics,
+        capture: Option<Capture>,
+    },
+    Collective(Call),
+}
+
+impl Describe for Arrival {
+    fn describe(&self) -> String {
+        match self {
+            Arrival::Report { capture: None, .. } => "report".into(),
+            Arrival::Report {
+                capture: Some(_), ..
+            } => "report with a checkpoint".into(),
+            Arrival::Collective(call) => call.describe(),
+        }
+    }
+}
+
+/// A round's outcome, the same for every rank.
+#[derive(Debug, Clone)]
+pub(super) enum Outcome {
+    Recorded,
+    Refused(Collision),
+    /// Recording failed; the attempt is failing.
+    Failed,
+    Exchanged(Arc<Exchange>),
+    Invalid(String),
+    /// The calls do not match: every rank fails the run with this.
+    Mismatch(Violation),
+}
+
+impl Shared {
+    /// Rank `rank`'s part of the next collective report. Returns the
+    /// report's outcome, or `Aborted` if the attempt is stopping (this call
+    /// may be the cause).
+    pub(super) fn report(
+        &self,
+        rank: u32,
+        metrics: Metrics,
+        capture: Option<Capture>,
+    ) -> Result<Result<(), Collision>, Aborted> {
+        match self.round(rank, Arrival::Report { metrics, capture }) {
+            Ok(Outcome::Recorded) => Ok(Ok(())),
+            Ok(Outcome::Refused(collision)) => Ok(Err(collision)),
+            // A report has no error for a mismatch: the rank is stopped,
+            // and the run fails saying why.
+            Ok(_) | Err(_) => Err(Aborted),
+        }
+    }
+
+    /// Rank `rank`'s part of the next collective call of the `collective`
+    /// interface.
+    pub(super) fn collective(&self, rank: u32, call: Call) -> Result<Delivered, CollectiveError> {
+        match self.round(rank, Arrival::Collective(call)) {
+            Ok(Outcome::Exchanged(exchange)) => Ok(exchange.deliver(rank as usize)),
+            Ok(Outcome::Invalid(message)) => Err(CollectiveError::Invalid(message)),
+            Err(Some(violation)) => Err(CollectiveError::Mismatch(violation.to_string())),
+            Ok(_) | Err(None) => Err(CollectiveError::Aborted(self.stop_reason())),
+        }
+    }
+
+    /// Arrive for the next round and wait for its outcome. `Err` when the
+    /// attempt is stopping: with the violation if the ranks broke the
+    /// protocol (the run is failed with it).
+    fn round(&self, rank: u32, arrival: Arrival) -> Result<Outcome, Option<Violation>> {
+        self.supervisor.alive(rank);
+        // Waiting for slower ranks is not stalling.
+        self.supervisor.waiting(rank, true);
+        let outcome = self
+            .gate
+            .arrive(rank as usize, arrival, |gathered| self.lead(gathered));
+        self.supervisor.waiting(rank, false);
+        self.supervisor.alive(rank);
+        match outcome {
+            Ok(Outcome::Mismatch(violation)) | Err(Ok(violation)) => {
+                // Every rank of a mismatched round gets here; the first
+                // failure is the one kept.
+                self.fail_protocol(violation.clone());
+                Err(Some(violation))
+            }
+            Ok(Outcome::Failed) | Err(Err(Aborted)) => Err(None),
+            Ok(outcome) => Ok(outcome),
+        }
+    }
+
+    /// The leader's part: run the round every rank has arrived for.
+    fn lead(&self, gathered: Gathered<Arrival>) -> Outcome {
+        let arrivals = gathered.arrivals;
+        if arrivals.iter().all(|a| matches!(a, Arrival::Report { .. })) {
+            return self.record(arrivals);
+        }
+        let mismatch = |each: String| {
+            Outcome::Mismatch(Violation::new(format!(
+                "the {} collective call does not match: {each}",
+                ordinal(self.gate.rounds() + 1)
+            )))
+        };
+        if arrivals.iter().any(|a| matches!(a, Arrival::Report { .. })) {
+            let each: Vec<String> = arrivals
+                .iter()
+                .enumerate()
+                .map(|(r, a)| format!("rank {r} called {}", a.describe()))
+                .collect();
+            return mismatch(each.join(", "));
+        }
+        let calls = arrivals
+            .into_iter()
+            .map(|a| match a {
+                Arrival::Collective(call) => call,
+                Arrival::Report { .. } => unreachable!("no report in this round"),
+            })
+            .collect();
+        match collective::meet(calls, self.limits.max_memory) {
+            Ok(exchange) => Outcome::Exchanged(Arc::new(exchange)),
+            Err(Unmet::Invalid(message)) => Outcome::Invalid(message),
+            Err(Unmet::Mismatch(each)) => mismatch(each),
+        }
+    }
+
+    /// Record a report every rank made.
+    fn record(&self, mut arrivals: Vec<Arrival>) -> Outcome {
+        let mut captures = Vec::new();
+        let mut metrics = None;
+        for arrival in &mut arrivals {
+            if let Arrival::Report {
+                metrics: m,
+                capture,
+            } = arrival
+            {
+                captures.extend(capture.take());
+                // Rank 0's metrics are the report's (R6).
+                metrics.get_or_insert_with(|| std::mem::take(m));
+            }
+        }
+        let outcome = match self.recorder.record(metrics.unwrap_or_default(), captures) {
+            Ok(Ok(())) => Outcome::Recorded,
+            Ok(Err(collision)) => Outcome::Refused(collision),
+            Err(failed) => {
+                self.fail_recording(failed);
+                Outcome::Failed
+            }
+        };
+        // Latched here, between reports, so that every rank sees the
+        // request after the same report.
+        let completed = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.preemption.is_requested() {
+            self.preempt_after.get_or_init(|| completed);
+        }
+        outcome
+    }
+
+    /// Ranks broke the protocol: the message names them all.
+    pub(super) fn fail_protocol(&self, violation: Violation) {
+        self.fail(RunFailure {
+            rank: None,
+            kind: FailureKind::Protocol,
+            message: violation.to_string(),
+        });
+    }
+
+    /// Why the attempt is stopping, for a rank released from a collective.
+    fn stop_reason(&self) -> String {
+        match self.supervisor.failure() {
+            Some(failure) => format!("the run is stopping: {failure}"),
+            None => "the run is stopping: preemption's grace period ran out or the run was stopped"
+                .into(),
+        }
+    }
+}

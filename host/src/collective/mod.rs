@@ -1,0 +1,317 @@
+//! Collectives between the ranks of one host: barrier, broadcast,
+//! all-reduce and all-gather (R29–R33).
+//!
+//! The attempt's gate matches the k-th call of every rank (see
+//! `attempt/gate.rs`); this module says whether the calls agree, and
+//! carries out the agreed exchange on the data the ranks brought, without
+//! copies beyond the canonical ABI's: each rank's list arrives lifted into
+//! host memory, and an all-reduce combines those buffers in place, so each
+//! rank's buffer holds the result it returns to be lowered into the guest.
+//!
+//! A large all-reduce is split across the ranks' own threads (each combines
+//! one slice of every buffer and writes it to every buffer: reduce-scatter
+//! and all-gather in one pass) instead of one thread reducing everything.
+//! Values are combined in rank order whichever thread combines them, so a
+//! result is bit-identical on every rank and from run to run.
+
+mod latch;
+mod reduce;
+
+use std::sync::Arc;
+
+pub(crate) use reduce::Reduction;
+
+/// How an all-reduce combines values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Sum,
+    Mean,
+    Min,
+    Max,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Sum => "sum",
+            Op::Mean => "mean",
+            Op::Min => "min",
+            Op::Max => "max",
+        }
+    }
+}
+
+/// The values a rank brings to an all-reduce, and gets back.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Values {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    S64(Vec<i64>),
+}
+
+impl Values {
+    fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::F64(v) => v.len(),
+            Values::S64(v) => v.len(),
+        }
+    }
+
+    fn type_name(&self) -> &'static str {
+        match self {
+            Values::F32(_) => "f32",
+            Values::F64(_) => "f64",
+            Values::S64(_) => "s64",
+        }
+    }
+
+    fn element_size(&self) -> u64 {
+        match self {
+            Values::F32(_) => 4,
+            Values::F64(_) | Values::S64(_) => 8,
+        }
+    }
+}
+
+/// One rank's collective call, with its data.
+#[derive(Debug)]
+pub(crate) enum Call {
+    Barrier,
+    Broadcast { data: Vec<u8>, root: u32 },
+    AllReduce { values: Values, op: Op },
+    AllGather { data: Vec<u8> },
+}
+
+impl Call {
+    /// What the call is, for messages: "all-reduce (sum) of 10 f32".
+    pub fn describe(&self) -> String {
+        match self {
+            Call::Barrier => "barrier".into(),
+            Call::Broadcast { root, .. } => format!("broadcast from rank {root}"),
+            Call::AllReduce { values, op } => format!(
+                "all-reduce ({}) of {} {}",
+                op.name(),
+                values.len(),
+                values.type_name()
+            ),
+            Call::AllGather { data } => format!("all-gather of {} bytes", data.len()),
+        }
+    }
+
+    /// What every rank's call must agree on: all of it but for all-gather,
+    /// whose ranks may bring different lengths.
+    fn signature(&self) -> String {
+        match self {
+            Call::AllGather { .. } => "all-gather".into(),
+            other => other.describe(),
+        }
+    }
+}
+
+/// What a collective call returns to the guest.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Delivered {
+    Done,
+    Bytes(Vec<u8>),
+    Values(Values),
+    Pieces(Vec<Vec<u8>>),
+}
+
+/// Why a collective call failed, as the guest is told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CollectiveError {
+    /// The ranks' calls do not match (R30): the run is failing.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The attempt is stopping (R31).
+    #[error("{0}")]
+    Aborted(String),
+    /// Every rank made this call, and it cannot be carried out (R32).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Why matched calls cannot be carried out.
+#[derive(Debug)]
+pub(crate) enum Unmet {
+    /// The calls differ: a programming error that fails the run.
+    Mismatch(String),
+    /// The calls agree and cannot be carried out.
+    Invalid(String),
+}
+
+/// An exchange the ranks agreed on, shared by them until each has taken
+/// its result.
+#[derive(Debug)]
+pub(crate) enum Exchange {
+    Barrier,
+    /// The root's data.
+    Broadcast(Vec<u8>),
+    AllReduce(Reduction),
+    /// Every rank's data, by rank.
+    AllGather(Vec<Vec<u8>>),
+}
+
+/// The largest result a rank can take without a memory limit: a wasm32
+/// guest cannot hold more than 4 GiB.
+const ADDRESSABLE: u64 = 4 << 30;
+
+/// Check that every rank's call (by rank) agrees, and that the result fits
+/// the ranks' memory limit (`max_memory`, R32); then set up the exchange.
+/// For an all-reduce too small to be worth splitting, the values are
+/// combined here.
+pub(crate) fn meet(calls: Vec<Call>, max_memory: Option<u64>) -> Result<Exchange, Unmet> {
+    let first = calls[0].signature();
+    if calls.iter().any(|c| c.signature() != first) {
+        let each: Vec<String> = calls
+            .iter()
+            .enumerate()
+            .map(|(r, c)| format!("rank {r} called {}", c.describe()))
+            .collect();
+        return Err(Unmet::Mismatch(each.join(", ")));
+    }
+    let ranks = calls.len() as u64;
+    let limit = max_memory.unwrap_or(ADDRESSABLE).min(ADDRESSABLE);
+    let result_bytes = match &calls[0] {
+        Call::Barrier => 0,
+        Call::Broadcast { root, .. } => match calls.get(*root as usize) {
+            Some(Call::Broadcast { data, .. }) => data.len() as u64,
+            _ => {
+                return Err(Unmet::Invalid(format!(
+                    "broadcast from rank {root}, but the run has ranks 0 to {}",
+                    ranks - 1
+                )));
+            }
+        },
+        Call::AllReduce { values, .. } => values.len() as u64 * values.element_size(),
+        Call::AllGather { .. } => calls
+            .iter()
+            .map(|c| match c {
+                Call::AllGather { data } => data.len() as u64 + 8,
+                _ => 0,
+            })
+            .sum(),
+    };
+    if result_bytes > limit {
+        return Err(Unmet::Invalid(format!(
+            "the result of {} would take {} in every rank, over the ranks' memory limit of {} ({}); send less data per call",
+            calls[0].describe(),
+            crate::config::human_bytes(result_bytes),
+            crate::config::human_bytes(limit),
+            if max_memory.is_some_and(|m| m < ADDRESSABLE) {
+                "--max-memory"
+            } else {
+                "a wasm32 guest's address space"
+            },
+        )));
+    }
+    Ok(match &calls[0] {
+        Call::Barrier => Exchange::Barrier,
+        Call::Broadcast { root, .. } => {
+            let root = *root as usize;
+            let data = calls.into_iter().nth(root).map(|c| match c {
+                Call::Broadcast { data, .. } => data,
+                _ => Vec::new(),
+            });
+            Exchange::Broadcast(data.unwrap_or_default())
+        }
+        Call::AllReduce { op, values } => {
+            if *op == Op::Mean && matches!(values, Values::S64(_)) {
+                return Err(Unmet::Invalid(
+                    "the mean of s64 values is not an s64; all-reduce the sum and divide".into(),
+                ));
+            }
+            let op = *op;
+            let values = calls
+                .into_iter()
+                .map(|c| match c {
+                    Call::AllReduce { values, .. } => values,
+                    _ => unreachable!("signatures matched"),
+                })
+                .collect();
+            Exchange::AllReduce(Reduction::new(values, op))
+        }
+        Call::AllGather { .. } => Exchange::AllGather(
+            calls
+                .into_iter()
+                .map(|c| match c {
+                    Call::AllGather { data } => data,
+                    _ => Vec::new(),
+                })
+                .collect(),
+        ),
+    })
+}
+
+impl Exchange {
+    /// Rank `rank`'s result: its part of a split all-reduce is done on the
+    /// calling thread, which then waits for the other ranks' parts.
+    pub fn deliver(self: Arc<Self>, rank: usize) -> Delivered {
+        match &*self {
+            Exchange::Barrier => Delivered::Done,
+            Exchange::Broadcast(data) => Delivered::Bytes(data.clone()),
+            Exchange::AllGather(pieces) => Delivered::Pieces(pieces.clone()),
+            Exchange::AllReduce(reduction) => Delivered::Values(reduction.deliver(rank)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(v: &[f32]) -> Call {
+        Call::AllReduce {
+            values: Values::F32(v.to_vec()),
+            op: Op::Sum,
+        }
+    }
+
+    #[test]
+    fn calls_that_differ_are_named_rank_by_rank() {
+        let calls = vec![
+            Call::Broadcast {
+                data: vec![1, 2],
+                root: 0,
+            },
+            f32s(&[0.0; 10]),
+        ];
+        match meet(calls, None) {
+            Err(Unmet::Mismatch(m)) => assert_eq!(
+                m,
+                "rank 0 called broadcast from rank 0, rank 1 called all-reduce (sum) of 10 f32"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let lengths = vec![f32s(&[0.0; 3]), f32s(&[0.0; 4])];
+        assert!(matches!(meet(lengths, None), Err(Unmet::Mismatch(_))));
+        let gathers = vec![
+            Call::AllGather { data: vec![1] },
+            Call::AllGather { data: vec![] },
+        ];
+        assert!(meet(gathers, None).is_ok());
+    }
+
+    #[test]
+    fn results_over_the_memory_limit_are_invalid_on_every_rank() {
+        let calls = vec![
+            Call::AllGather { data: vec![0; 600] },
+            Call::AllGather { data: vec![0; 600] },
+        ];
+        match meet(calls, Some(1000)) {
+            Err(Unmet::Invalid(m)) => assert!(m.contains("--max-memory"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let mean = vec![Call::AllReduce {
+            values: Values::S64(vec![1]),
+            op: Op::Mean,
+        }];
+        assert!(matches!(meet(mean, None), Err(Unmet::Invalid(_))));
+        let root = vec![Call::Broadcast {
+            data: vec![],
+            root: 3,
+        }];
+        assert!(matches!(meet(root, None), Err(Unmet::Invalid(_))));
+    }
+}

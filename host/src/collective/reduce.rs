@@ -1,0 +1,350 @@
+//! All-reduce: combining every rank's buffer in place.
+//!
+//! Each element of the result is `v0 op v1 op ... op vN-1`, combined in
+//! rank order, then divided by N for a mean; whichever thread computes it,
+//! the bits are the same. The result is written into every rank's buffer,
+//! which the rank then returns: no buffer is allocated for the result.
+//!
+//! Small reductions are done by the thread that completes the round (one
+//! wake-up per rank, the latency of a `report`). Larger ones are split into
+//! one slice per rank: every rank's thread combines its slice of all the
+//! buffers and writes it to all of them (reduce-scatter and all-gather in
+//! one pass: each byte of every buffer is read once and written once), then
+//! waits for the others' slices. The slices are disjoint, which is what
+//! makes the shared writes below sound.
+
+use std::cell::UnsafeCell;
+use std::ops::Range;
+
+use super::latch::Latch;
+use super::{Op, Values};
+
+/// Below this many bytes per rank, one thread combines everything: waking
+/// every rank to share the work costs more than the work.
+const SPLIT_BYTES: usize = 256 << 10;
+
+/// Elements combined at a time: the partial result stays in the L1 cache
+/// while every rank's slice is added to it.
+const BLOCK: usize = 2048;
+
+/// Slices start at a multiple of this many elements, so that two threads
+/// never write the same cache line.
+const ALIGN: usize = 16;
+
+/// A value all-reduce can combine.
+trait Element: Copy + Default + Send + Sync + 'static {
+    fn sum(a: Self, b: Self) -> Self;
+    fn min(a: Self, b: Self) -> Self;
+    fn max(a: Self, b: Self) -> Self;
+    /// `sum / ranks`; only called for floats ([`super::meet`] refuses the
+    /// mean of integers).
+    fn mean(sum: Self, ranks: usize) -> Self;
+}
+
+impl Element for f32 {
+    fn sum(a: Self, b: Self) -> Self {
+        a + b
+    }
+    fn min(a: Self, b: Self) -> Self {
+        a.min(b)
+    }
+    fn max(a: Self, b: Self) -> Self {
+        a.max(b)
+    }
+    fn mean(sum: Self, ranks: usize) -> Self {
+        sum / ranks as f32
+    }
+}
+
+impl Element for f64 {
+    fn sum(a: Self, b: Self) -> Self {
+        a + b
+    }
+    fn min(a: Self, b: Self) -> Self {
+        a.min(b)
+    }
+    fn max(a: Self, b: Self) -> Self {
+        a.max(b)
+    }
+    fn mean(sum: Self, ranks: usize) -> Self {
+        sum / ranks as f64
+    }
+}
+
+impl Element for i64 {
+    fn sum(a: Self, b: Self) -> Self {
+        a.wrapping_add(b)
+    }
+    fn min(a: Self, b: Self) -> Self {
+        Ord::min(a, b)
+    }
+    fn max(a: Self, b: Self) -> Self {
+        Ord::max(a, b)
+    }
+    fn mean(sum: Self, _ranks: usize) -> Self {
+        sum
+    }
+}
+
+/// Every rank's buffer of one all-reduce, combined in place.
+pub(crate) struct Reduction {
+    op: Op,
+    /// By rank. Each cell is taken by its rank once the result is in it.
+    buffers: Box<[UnsafeCell<Values>]>,
+    /// The buffers' elements, taken before the reduction is shared, so that
+    /// threads combining other slices never form references to a buffer.
+    elements: Elements,
+    len: usize,
+    /// Split across the ranks: counts the slices still being combined.
+    pending: Option<Latch>,
+}
+
+/// Pointers to the elements of every rank's buffer, by rank.
+enum Elements {
+    F32(Vec<*mut f32>),
+    F64(Vec<*mut f64>),
+    S64(Vec<*mut i64>),
+}
+
+// SAFETY: the buffers are only written through `combine_range`, and the
+// ranges given to it concurrently are disjoint (one slice per rank, see
+// `slice_of`); a rank takes its own buffer out only after every slice is
+// written (the latch, or the reduction was complete before it was shared).
+// The pointers are to the buffers' heap memory, which moves with no thread.
+unsafe impl Sync for Reduction {}
+// SAFETY: as for `Sync`; the values themselves are `Send`.
+unsafe impl Send for Reduction {}
+
+impl std::fmt::Debug for Reduction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reduction")
+            .field("op", &self.op)
+            .field("ranks", &self.buffers.len())
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reduction {
+    /// Set up the all-reduce of `values` (by rank; same type and length,
+    /// checked by [`super::meet`]). Done at once if it is too small to
+    /// split.
+    pub fn new(mut values: Vec<Values>, op: Op) -> Self {
+        let len = values.first().map_or(0, Values::len);
+        let bytes = len * values.first().map_or(0, |v| v.element_size() as usize);
+        let ranks = values.len();
+        let split = ranks > 1 && bytes >= SPLIT_BYTES;
+        // `as_mut_ptr` forms no reference to the elements; the pointers
+        // stay valid while the vectors are moved, not resized.
+        let elements = match values.first() {
+            Some(Values::F64(_)) => Elements::F64(
+                values
+                    .iter_mut()
+                    .map(|v| match v {
+                        Values::F64(v) => v.as_mut_ptr(),
+                        _ => unreachable!("types checked by meet"),
+                    })
+                    .collect(),
+            ),
+            Some(Values::S64(_)) => Elements::S64(
+                values
+                    .iter_mut()
+                    .map(|v| match v {
+                        Values::S64(v) => v.as_mut_ptr(),
+                        _ => unreachable!("types checked by meet"),
+                    })
+                    .collect(),
+            ),
+            _ => Elements::F32(
+                values
+                    .iter_mut()
+                    .map(|v| match v {
+                        Values::F32(v) => v.as_mut_ptr(),
+                        _ => unreachable!("types checked by meet"),
+                    })
+                    .collect(),
+            ),
+        };
+        let reduction = Self {
+            op,
+            buffers: values.into_iter().map(UnsafeCell::new).collect(),
+            elements,
+            len,
+            pending: split.then(|| Latch::new(ranks)),
+        };
+        if !split {
+            // SAFETY: not shared yet; this thread is the only one.
+            unsafe { reduction.combine_range(0..len) };
+        }
+        reduction
+    }
+
+    /// The elements rank `rank` combines when the work is split.
+    fn slice_of(&self, rank: usize) -> Range<usize> {
+        let ranks = self.buffers.len();
+        let per = self.len.div_ceil(ranks).next_multiple_of(ALIGN);
+        let start = (per * rank).min(self.len);
+        start..(start + per).min(self.len)
+    }
+
+    /// Rank `rank`'s result: its slice combined on this thread if the work
+    /// is split, once every slice is.
+    pub fn deliver(&self, rank: usize) -> Values {
+        if let Some(pending) = &self.pending {
+            // SAFETY: each rank combines only its own slice, and the slices
+            // are disjoint.
+            unsafe { self.combine_range(self.slice_of(rank)) };
+            pending.count_down();
+            pending.wait();
+        }
+        // SAFETY: every slice has been written (above, or before the
+        // reduction was shared), so no thread uses the element pointers any
+        // more; only rank `rank` takes this buffer.
+        unsafe { std::mem::replace(&mut *self.buffers[rank].get(), Values::F32(Vec::new())) }
+    }
+
+    /// Combine `range` of every buffer and write the result to every
+    /// buffer.
+    ///
+    /// # Safety
+    /// No other thread may access `range` of any buffer meanwhile, and no
+    /// buffer has been taken.
+    unsafe fn combine_range(&self, range: Range<usize>) {
+        // SAFETY: passed on from the caller; every pointer is to a live
+        // buffer of `self.len` elements.
+        unsafe {
+            match &self.elements {
+                Elements::F32(p) => combine(p, range, self.op),
+                Elements::F64(p) => combine(p, range, self.op),
+                Elements::S64(p) => combine(p, range, self.op),
+            }
+        }
+    }
+}
+
+/// Combine `range` of the buffers at `ptrs` in rank order and write the
+/// result back to each, a block at a time.
+///
+/// # Safety
+/// Every pointer is valid for the whole of `range`, and nothing else
+/// accesses `range` of any buffer meanwhile.
+unsafe fn combine<T: Element>(ptrs: &[*mut T], range: Range<usize>, op: Op) {
+    let ranks = ptrs.len();
+    let mut acc = [T::default(); BLOCK];
+    let mut start = range.start;
+    while start < range.end {
+        let n = BLOCK.min(range.end - start);
+        let acc = &mut acc[..n];
+        // SAFETY: in `range`, which this thread alone accesses; each slice
+        // lives only within this block's statement.
+        let slice = |p: *mut T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
+        acc.copy_from_slice(slice(ptrs[0]));
+        for &p in &ptrs[1..] {
+            let next = slice(p);
+            let f = match op {
+                Op::Sum | Op::Mean => T::sum,
+                Op::Min => T::min,
+                Op::Max => T::max,
+            };
+            for (a, b) in acc.iter_mut().zip(next) {
+                *a = f(*a, *b);
+            }
+        }
+        if op == Op::Mean {
+            for a in acc.iter_mut() {
+                *a = T::mean(*a, ranks);
+            }
+        }
+        for &p in ptrs {
+            // SAFETY: as above; no other slice of this block is alive.
+            unsafe { std::slice::from_raw_parts_mut(p.add(start), n) }.copy_from_slice(acc);
+        }
+        start += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// The reference: every element combined in rank order, one at a time.
+    fn reference(inputs: &[Vec<f32>], op: Op) -> Vec<f32> {
+        (0..inputs[0].len())
+            .map(|i| {
+                let mut acc = inputs[0][i];
+                for v in &inputs[1..] {
+                    acc = match op {
+                        Op::Sum | Op::Mean => acc + v[i],
+                        Op::Min => acc.min(v[i]),
+                        Op::Max => acc.max(v[i]),
+                    };
+                }
+                if op == Op::Mean {
+                    acc / inputs.len() as f32
+                } else {
+                    acc
+                }
+            })
+            .collect()
+    }
+
+    fn inputs(ranks: usize, len: usize) -> Vec<Vec<f32>> {
+        (0..ranks)
+            .map(|r| {
+                (0..len)
+                    .map(|i| ((i * 7919 + r * 104_729) % 1000) as f32 / 7.0 - 60.0)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Run the reduction as the ranks do: each on its own thread.
+    fn run(inputs: &[Vec<f32>], op: Op) -> Vec<Vec<f32>> {
+        let values = inputs.iter().cloned().map(Values::F32).collect();
+        let reduction = Arc::new(Reduction::new(values, op));
+        let threads: Vec<_> = (0..inputs.len())
+            .map(|r| {
+                let reduction = Arc::clone(&reduction);
+                std::thread::spawn(move || match reduction.deliver(r) {
+                    Values::F32(v) => v,
+                    other => panic!("{other:?}"),
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn split_and_whole_reductions_match_the_reference_bit_for_bit() {
+        // Sizes below and above the split, and lengths that do not divide.
+        for (ranks, len) in [(1, 10), (2, 1000), (3, 70_001), (4, 200_003), (5, 17)] {
+            for op in [Op::Sum, Op::Mean, Op::Min, Op::Max] {
+                let inputs = inputs(ranks, len);
+                let want = reference(&inputs, op);
+                for (r, got) in run(&inputs, op).iter().enumerate() {
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "ranks {ranks} len {len} {op:?} rank {r}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slices_cover_every_element_once_on_aligned_starts() {
+        let values = (0..3).map(|_| Values::F32(vec![0.0; 100_001])).collect();
+        let reduction = Reduction::new(values, Op::Sum);
+        let mut next = 0;
+        for r in 0..3 {
+            let s = reduction.slice_of(r);
+            assert_eq!(s.start, next);
+            assert_eq!(s.start % ALIGN, 0);
+            next = s.end;
+        }
+        assert_eq!(next, 100_001);
+    }
+}

@@ -1,0 +1,105 @@
+//! The script's collective steps:
+//! - `{"barrier": true}`: prints `barrier ok`
+//! - `{"broadcast": TEXT, "root": R}`: prints `broadcast: TEXT` (root's)
+//! - `{"all_gather": TEXT}`: prints `all_gather: T0|T1|..`; with
+//!   `"bytes": N`, N bytes are sent instead of TEXT
+//! - `{"all_reduce": "f32" | "f64" | "s64", "len": N, "op": OP}`: reduces
+//!   [`value`]s of this rank; prints `all_reduce: N FNV` (FNV-1a of the
+//!   result's little-endian bytes)
+//! - `{"collective_until_stopped": true}`: barriers until one fails, prints
+//!   the error, then calls once more (which stops the rank)
+//!
+//! A failed call prints `collective error: ...` and the script goes on.
+
+use serde_json::{Map, Value};
+use trainhost_guest::collective::{self, CollectiveError, Op};
+
+/// Element `i` of `rank`'s all-reduce input, as the tests compute it.
+pub fn value(rank: u32, i: usize) -> i64 {
+    ((i * 7919 + rank as usize * 104_729) % 1000) as i64
+}
+
+fn op(name: &str) -> Result<Op, String> {
+    Ok(match name {
+        "sum" => Op::Sum,
+        "mean" => Op::Mean,
+        "min" => Op::Min,
+        "max" => Op::Max,
+        other => return Err(format!("unknown op {other}")),
+    })
+}
+
+/// Run `step` if it is a collective one; `Ok(false)` if it is not.
+pub fn run(
+    step: &Map<String, Value>,
+    rank: u32,
+    text: impl Fn(&str) -> Option<String>,
+) -> Result<bool, String> {
+    let outcome: Result<String, CollectiveError> = if step.contains_key("barrier") {
+        collective::barrier().map(|()| "barrier ok".into())
+    } else if let Some(t) = text("broadcast") {
+        let root = step.get("root").and_then(Value::as_u64).unwrap_or(0) as u32;
+        let mut data = t.into_bytes();
+        collective::broadcast(&mut data, root)
+            .map(|()| format!("broadcast: {}", String::from_utf8_lossy(&data)))
+    } else if let Some(t) = text("all_gather") {
+        // `"bytes": N` sends N bytes instead of the text.
+        let data = match step.get("bytes").and_then(Value::as_u64) {
+            Some(n) => vec![b'x'; n as usize],
+            None => t.into_bytes(),
+        };
+        collective::all_gather(&data).map(|pieces| {
+            let texts: Vec<String> = pieces
+                .iter()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect();
+            format!("all_gather: {}", texts.join("|"))
+        })
+    } else if let Some(dtype) = step.get("all_reduce").and_then(Value::as_str) {
+        let len = step.get("len").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let op = op(step.get("op").and_then(Value::as_str).unwrap_or("sum"))?;
+        let bytes: Result<Vec<u8>, CollectiveError> = match dtype {
+            "f32" => {
+                let mut v: Vec<f32> = (0..len)
+                    .map(|i| value(rank, i) as f32 / 7.0 - 60.0)
+                    .collect();
+                collective::all_reduce(&mut v, op)
+                    .map(|()| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            "f64" => {
+                let mut v: Vec<f64> = (0..len)
+                    .map(|i| value(rank, i) as f64 / 7.0 - 60.0)
+                    .collect();
+                collective::all_reduce(&mut v, op)
+                    .map(|()| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            "s64" => {
+                let mut v: Vec<i64> = (0..len)
+                    .map(|i| (value(rank, i) - 500) * (i64::MAX / 600))
+                    .collect();
+                collective::all_reduce(&mut v, op)
+                    .map(|()| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            other => return Err(format!("unknown dtype {other}")),
+        };
+        bytes.map(|b| format!("all_reduce: {len} {:016x}", super::fnv(&b)))
+    } else if step.contains_key("collective_until_stopped") {
+        let error = loop {
+            if let Err(e) = collective::barrier() {
+                break e;
+            }
+        };
+        println!("collective error: {error}");
+        let again = collective::barrier();
+        // Not reached: the call above stops the rank.
+        println!("called again: {again:?}");
+        return Ok(true);
+    } else {
+        return Ok(false);
+    };
+    match outcome {
+        Ok(line) => println!("{line}"),
+        Err(e) => println!("collective error: {e}"),
+    }
+    Ok(true)
+}
