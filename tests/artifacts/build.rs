@@ -43,6 +43,7 @@ const GUESTS: &[(&str, &str, &str)] = &[
         "TRAINHOST_BENCH_GUEST",
     ),
     ("quickstart", "quickstart", "TRAINHOST_QUICKSTART"),
+    ("digits-mlp", "digits_mlp", "TRAINHOST_DIGITS_MLP"),
 ];
 
 fn main() {
@@ -62,6 +63,7 @@ fn main() {
         "tests/guest-wit-0-1-0",
         "examples/linear-regression",
         "examples/quickstart",
+        "examples/digits-mlp",
         "tools/bench/guest",
         "tools/bench/kernel",
         ".cargo",

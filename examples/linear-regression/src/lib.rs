@@ -26,9 +26,10 @@
 //! host) the loop makes sure the epoch it just finished is checkpointed,
 //! then returns; running the same command again resumes after it.
 //!
-//! trainhost has no gradient all-reduce, so instead of averaging gradients
-//! every rank trains on the whole (identical, seeded) data set: the ranks'
-//! models stay identical, which is what DDP guarantees after each step.
+//! Every rank trains on the whole (identical, seeded) data set, so the
+//! ranks' models stay identical without communicating; the example is about
+//! checkpointing (both styles, preemption, hand-over). `examples/digits-mlp`
+//! shows data-parallel training, with gradients all-reduced every step.
 
 use std::collections::HashMap;
 use std::fs;

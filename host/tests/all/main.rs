@@ -5,6 +5,7 @@ mod blocked;
 mod cli;
 mod cloud;
 mod collective;
+mod digits;
 mod escape;
 mod example;
 mod failures;

@@ -7,6 +7,9 @@ pub const TEST_GUEST: &str = env!("TRAINHOST_TEST_GUEST");
 /// The linear-regression example (`examples/linear-regression`).
 pub const LINEAR_REGRESSION: &str = env!("TRAINHOST_LINEAR_REGRESSION");
 
+/// The data-parallel digits classifier (`examples/digits-mlp`).
+pub const DIGITS_MLP: &str = env!("TRAINHOST_DIGITS_MLP");
+
 /// The README's guest (`examples/quickstart`).
 pub const QUICKSTART: &str = env!("TRAINHOST_QUICKSTART");
 

@@ -1,0 +1,308 @@
+//! Data-parallel training of a digit classifier, the way DDP or Horovod
+//! train: every rank holds the same model, computes the gradient of its
+//! share of each minibatch, and the ranks average their gradients with one
+//! all-reduce before every step, so that every rank applies the same
+//! update.
+//!
+//! The data are the UCI handwritten digits (1797 images of 8×8 pixels,
+//! `data/digits.csv`, built into the guest), split into training and
+//! validation sets with a fixed seed. The model is a multilayer perceptron
+//! (64 → `hidden` ReLU units → 10) trained with softmax cross-entropy and
+//! SGD with momentum. Each global minibatch of `batch_size` images is dealt
+//! out to the ranks (rank r takes every `world_size`-th image from the r-th
+//! on); the ranks' gradient sums are all-reduced and divided by the batch
+//! size, which gives the whole batch's mean gradient whatever the number of
+//! ranks. Runs with 1, 2 or 4 ranks therefore follow the same path up to
+//! rounding.
+//!
+//! After every epoch the ranks all-reduce their loss and accuracy, check
+//! that their parameters are bit-identical (an all-gather of a hash of
+//! them; the run fails if not), and report `train_loss`,
+//! `train_accuracy`, `val_loss`, `val_accuracy` and `samples_per_second`.
+//! Every `checkpoint_every` epochs (and after the last) rank 0 saves the
+//! weights (`model.safetensors`: `w1`, `b1`, `w2`, `b2`), the momentum
+//! (`optimizer.safetensors`) and the epoch (`state.json`) and reports them.
+//! On start the loop resumes from `get_checkpoint()`; the data order of an
+//! epoch depends only on the seed and the epoch, so a resumed run takes the
+//! same steps as one that never stopped.
+//!
+//! Config (all optional): `num_epochs` (30), `hidden` (64), `batch_size`
+//! (32), `lr` (0.1), `momentum` (0.9), `seed` (0), `checkpoint_every` (5),
+//! `validation_per_mille` (200), `fail_at_epoch` (none: the last rank
+//! panics at that epoch unless the run resumed from a checkpoint, to show
+//! recovery).
+
+mod data;
+mod model;
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::fs;
+use std::path::Path;
+use std::time::Instant;
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+use trainhost_guest::collective::{self, Op};
+use trainhost_guest::{Checkpoint, Metrics};
+
+use data::Set;
+use model::{Layout, Tally};
+
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Config {
+    num_epochs: u32,
+    hidden: usize,
+    batch_size: usize,
+    lr: f32,
+    momentum: f32,
+    seed: u64,
+    checkpoint_every: u32,
+    validation_per_mille: usize,
+    fail_at_epoch: Option<u32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            num_epochs: 30,
+            hidden: 64,
+            batch_size: 32,
+            lr: 0.1,
+            momentum: 0.9,
+            seed: 0,
+            checkpoint_every: 5,
+            validation_per_mille: 200,
+            fail_at_epoch: None,
+        }
+    }
+}
+
+/// What a checkpoint says besides the tensors.
+#[derive(Serialize, Deserialize)]
+struct State {
+    epoch: u32,
+    hidden: usize,
+    world_size: u32,
+}
+
+fn train(config: Config) -> Result<(), Box<dyn Error>> {
+    if config.batch_size == 0 || config.hidden == 0 || config.checkpoint_every == 0 {
+        return Err("batch_size, hidden and checkpoint_every must be at least 1".into());
+    }
+    if config.validation_per_mille >= 1000 {
+        return Err("validation_per_mille must be below 1000".into());
+    }
+    let rank = trainhost_guest::world_rank() as usize;
+    let world = trainhost_guest::world_size() as usize;
+    let (train_set, validation) = data::load(config.seed, config.validation_per_mille)?;
+    let layout = Layout {
+        hidden: config.hidden,
+    };
+
+    let (mut params, mut velocity, start) = match trainhost_guest::get_checkpoint() {
+        Some(checkpoint) => {
+            let (params, velocity, state) = load(checkpoint.path(), &layout)?;
+            if rank == 0 {
+                println!("resuming after epoch {}", state.epoch);
+            }
+            (params, velocity, state.epoch + 1)
+        }
+        None => (layout.init(config.seed), vec![0.0; layout.len()], 0),
+    };
+    let resumed = start > 0;
+    let mut grad = vec![0.0f32; layout.len()];
+    let mut hidden = Vec::with_capacity(config.hidden);
+
+    for epoch in start..config.num_epochs {
+        if config.fail_at_epoch == Some(epoch) && !resumed && rank + 1 == world {
+            panic!("injected failure at epoch {epoch} (fail_at_epoch)");
+        }
+        let started = Instant::now();
+        let order = data::permutation(
+            train_set.len(),
+            config.seed.wrapping_add(1 + u64::from(epoch)),
+        );
+        let mut mine = Tally::default();
+        for batch in order.chunks(config.batch_size) {
+            grad.fill(0.0);
+            // This rank's share of the global batch.
+            for &i in batch.iter().skip(rank).step_by(world) {
+                let t = model::sample(
+                    &layout,
+                    &params,
+                    &train_set.images[i],
+                    train_set.labels[i],
+                    Some(&mut grad),
+                    &mut hidden,
+                );
+                mine.loss += t.loss;
+                mine.correct += t.correct;
+            }
+            // Sum of every rank's gradient sums, the same bits on every
+            // rank: every rank takes the same step.
+            collective::all_reduce(&mut grad, Op::Sum)?;
+            let scale = 1.0 / batch.len() as f32;
+            for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
+                *v = config.momentum * *v + g * scale;
+                *p -= config.lr * *v;
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let val = evaluate(&layout, &params, &validation, rank, world, &mut hidden);
+        let mut totals = [mine.loss, mine.correct as f64, val.loss, val.correct as f64];
+        collective::all_reduce(&mut totals, Op::Sum)?;
+        let [train_loss, train_correct, val_loss, val_correct] = totals;
+        check_in_sync(&params, epoch)?;
+
+        let n = train_set.len() as f64;
+        let v = validation.len() as f64;
+        let metrics = Metrics::new()
+            .with("epoch", epoch)
+            .with("train_loss", train_loss / n)
+            .with("train_accuracy", train_correct / n)
+            .with("val_loss", val_loss / v)
+            .with("val_accuracy", val_correct / v)
+            .with("samples_per_second", n / seconds);
+        if rank == 0 {
+            println!(
+                "epoch {epoch}: train loss {:.4}, validation loss {:.4}, accuracy {:.2}%",
+                train_loss / n,
+                val_loss / v,
+                100.0 * val_correct / v
+            );
+        }
+        let last = epoch + 1 == config.num_epochs;
+        let due = (epoch + 1) % config.checkpoint_every == 0 || last;
+        let state = State {
+            epoch,
+            hidden: config.hidden,
+            world_size: world as u32,
+        };
+        // Every rank holds the same model: rank 0 saves it.
+        let save = || -> Result<Option<Checkpoint>, Box<dyn Error>> {
+            if rank != 0 {
+                return Ok(None);
+            }
+            let dir = trainhost_guest::scratch_dir().join("checkpoint");
+            Ok(Some(save(&dir, &layout, &params, &velocity, &state)?))
+        };
+        trainhost_guest::report(metrics.clone(), if due { save()? } else { None })?;
+
+        // Preemption turns true on every rank after the same report.
+        if trainhost_guest::preemption_requested() {
+            if !due {
+                trainhost_guest::report(metrics, save()?)?;
+            }
+            if rank == 0 {
+                println!("preempted after epoch {epoch}; its checkpoint is committed");
+            }
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+trainhost_guest::entry!(train);
+
+/// This rank's share of the validation set's loss and correct predictions;
+/// the ranks' shares are summed by the caller.
+fn evaluate(
+    layout: &Layout,
+    params: &[f32],
+    set: &Set,
+    rank: usize,
+    world: usize,
+    hidden: &mut Vec<f32>,
+) -> Tally {
+    let mut tally = Tally::default();
+    for i in (rank..set.len()).step_by(world) {
+        let t = model::sample(layout, params, &set.images[i], set.labels[i], None, hidden);
+        tally.loss += t.loss;
+        tally.correct += t.correct;
+    }
+    tally
+}
+
+/// Fail unless every rank holds bit-identical parameters: all-gather a
+/// hash of them.
+fn check_in_sync(params: &[f32], epoch: u32) -> Result<(), Box<dyn Error>> {
+    let hash = params.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, p| {
+        (h ^ u64::from(p.to_bits())).wrapping_mul(0x0100_0000_01b3)
+    });
+    let hashes = collective::all_gather(&hash.to_le_bytes())?;
+    if hashes.iter().any(|h| h != &hashes[0]) {
+        return Err(format!("the ranks' parameters differ after epoch {epoch}").into());
+    }
+    Ok(())
+}
+
+/// Write the model, the optimizer's momentum and `state` into `dir`.
+fn save(
+    dir: &Path,
+    layout: &Layout,
+    params: &[f32],
+    velocity: &[f32],
+    state: &State,
+) -> Result<Checkpoint, Box<dyn Error>> {
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir)?;
+    write_tensors(&dir.join("model.safetensors"), layout, params)?;
+    write_tensors(&dir.join("optimizer.safetensors"), layout, velocity)?;
+    fs::write(dir.join("state.json"), serde_json::to_vec(state)?)?;
+    Ok(Checkpoint::from_directory(dir))
+}
+
+fn write_tensors(path: &Path, layout: &Layout, flat: &[f32]) -> Result<(), Box<dyn Error>> {
+    let bytes: Vec<u8> = flat.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views = layout
+        .tensors()
+        .into_iter()
+        .map(|(name, offset, shape)| {
+            let n: usize = shape.iter().product();
+            let view = TensorView::new(Dtype::F32, shape, &bytes[offset * 4..(offset + n) * 4])?;
+            Ok((name.to_owned(), view))
+        })
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+    fs::write(
+        path,
+        safetensors::serialize(views, None::<HashMap<String, String>>)?,
+    )?;
+    Ok(())
+}
+
+/// Read a checkpoint `save` wrote: parameters, momentum, state.
+fn load(dir: &Path, layout: &Layout) -> Result<(Vec<f32>, Vec<f32>, State), Box<dyn Error>> {
+    let state: State = serde_json::from_slice(&fs::read(dir.join("state.json"))?)?;
+    if state.hidden != layout.hidden {
+        return Err(format!(
+            "the checkpoint has {} hidden units and the config asks for {}; resume with \"hidden\": {}",
+            state.hidden, layout.hidden, state.hidden
+        )
+        .into());
+    }
+    let params = read_tensors(&dir.join("model.safetensors"), layout)?;
+    let velocity = read_tensors(&dir.join("optimizer.safetensors"), layout)?;
+    Ok((params, velocity, state))
+}
+
+fn read_tensors(path: &Path, layout: &Layout) -> Result<Vec<f32>, Box<dyn Error>> {
+    let bytes = fs::read(path)?;
+    let tensors = SafeTensors::deserialize(&bytes)?;
+    let mut flat = vec![0.0f32; layout.len()];
+    for (name, offset, shape) in layout.tensors() {
+        let view = tensors.tensor(name)?;
+        if view.dtype() != Dtype::F32 || view.shape() != shape.as_slice() {
+            return Err(format!(
+                "{}: tensor {name} is not f32 of shape {shape:?}",
+                path.display()
+            )
+            .into());
+        }
+        for (v, c) in flat[offset..].iter_mut().zip(view.data().chunks_exact(4)) {
+            *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    Ok(flat)
+}
