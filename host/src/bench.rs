@@ -79,3 +79,44 @@ pub fn compile(guest: &[u8], cache: Option<&Path>) -> Result<bool, Error> {
     )?;
     Ok(outcome == Some(crate::runtime::CacheOutcome::Hit))
 }
+
+/// Seconds per all-reduce (f32, sum) of `floats` values on each of `ranks`
+/// threads, the exchange alone: the ranks' buffers combined in place as a
+/// collective call combines them once every rank has arrived (split across
+/// the threads from 256 KiB), without the guest, the canonical ABI's copies
+/// or the meeting. The median of `rounds` rounds.
+pub fn all_reduce_exchange(ranks: usize, floats: usize, rounds: u32) -> f64 {
+    use crate::collective::{Call, Delivered, Op, Values, meet};
+    use std::sync::Arc;
+    let mut buffers: Vec<Vec<f32>> = (0..ranks).map(|r| vec![r as f32; floats]).collect();
+    let mut times = Vec::with_capacity(rounds as usize);
+    for _ in 0..rounds {
+        let calls = buffers
+            .drain(..)
+            .map(|b| Call::AllReduce {
+                values: Values::F32(b),
+                op: Op::Sum,
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let exchange = Arc::new(meet(calls, None).expect("matching calls"));
+        buffers = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..ranks)
+                .map(|r| {
+                    let exchange = Arc::clone(&exchange);
+                    s.spawn(move || match exchange.deliver(r) {
+                        Delivered::Values(Values::F32(v)) => v,
+                        _ => unreachable!("an all-reduce of f32 delivers f32"),
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("no panic"))
+                .collect()
+        });
+        times.push(started.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}

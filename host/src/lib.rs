@@ -45,6 +45,7 @@
 //!   and fuzz targets; not a public API.
 #![deny(missing_docs)]
 
+mod alloc;
 mod attempt;
 #[cfg(feature = "bench")]
 #[doc(hidden)]
@@ -69,6 +70,7 @@ mod storage;
 mod sync;
 mod trainer;
 
+pub use alloc::HugePageAllocator;
 pub use checkpoint::{
     Checkpoint, CheckpointDir, committed_checkpoints, committed_checkpoints_with,
 };

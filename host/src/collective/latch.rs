@@ -6,13 +6,21 @@
 //! yields, when ranks outnumber cores) for a moment, then parks until the
 //! last rank wakes exactly the parked threads.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 /// How long a waiter waits actively before parking.
 const ACTIVE_WAIT: Duration = Duration::from_micros(50);
+
+/// The cores this process may use, read once: `available_parallelism`
+/// reads the cgroup's limits from files each time it is called, which
+/// costs more than a small collective.
+pub(crate) fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
 
 pub(super) struct Latch {
     remaining: AtomicUsize,
@@ -23,11 +31,10 @@ pub(super) struct Latch {
 
 impl Latch {
     pub fn new(count: usize) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         Self {
             remaining: AtomicUsize::new(count),
             parked: Mutex::new(Vec::new()),
-            spin: count <= cores,
+            spin: count <= cores(),
         }
     }
 

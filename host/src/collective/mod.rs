@@ -19,6 +19,7 @@ mod reduce;
 
 use std::sync::Arc;
 
+pub(crate) use latch::cores;
 pub(crate) use reduce::Reduction;
 
 /// How an all-reduce combines values.
@@ -101,12 +102,32 @@ impl Call {
 
     /// What every rank's call must agree on: all of it but for all-gather,
     /// whose ranks may bring different lengths.
-    fn signature(&self) -> String {
+    fn signature(&self) -> Signature {
         match self {
-            Call::AllGather { .. } => "all-gather".into(),
-            other => other.describe(),
+            Call::Barrier => Signature::Barrier,
+            Call::Broadcast { root, .. } => Signature::Broadcast(*root),
+            Call::AllReduce { values, op } => Signature::AllReduce {
+                op: *op,
+                dtype: values.type_name(),
+                len: values.len(),
+            },
+            Call::AllGather { .. } => Signature::AllGather,
         }
     }
+}
+
+/// See [`Call::signature`]: compared for every rank of every round, so it
+/// is built without allocating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signature {
+    Barrier,
+    Broadcast(u32),
+    AllReduce {
+        op: Op,
+        dtype: &'static str,
+        len: usize,
+    },
+    AllGather,
 }
 
 /// What a collective call returns to the guest.

@@ -42,45 +42,57 @@ trait Element: Copy + Default + Send + Sync + 'static {
 }
 
 impl Element for f32 {
+    #[inline(always)]
     fn sum(a: Self, b: Self) -> Self {
         a + b
     }
+    #[inline(always)]
     fn min(a: Self, b: Self) -> Self {
         a.min(b)
     }
+    #[inline(always)]
     fn max(a: Self, b: Self) -> Self {
         a.max(b)
     }
+    #[inline(always)]
     fn mean(sum: Self, ranks: usize) -> Self {
         sum / ranks as f32
     }
 }
 
 impl Element for f64 {
+    #[inline(always)]
     fn sum(a: Self, b: Self) -> Self {
         a + b
     }
+    #[inline(always)]
     fn min(a: Self, b: Self) -> Self {
         a.min(b)
     }
+    #[inline(always)]
     fn max(a: Self, b: Self) -> Self {
         a.max(b)
     }
+    #[inline(always)]
     fn mean(sum: Self, ranks: usize) -> Self {
         sum / ranks as f64
     }
 }
 
 impl Element for i64 {
+    #[inline(always)]
     fn sum(a: Self, b: Self) -> Self {
         a.wrapping_add(b)
     }
+    #[inline(always)]
     fn min(a: Self, b: Self) -> Self {
         Ord::min(a, b)
     }
+    #[inline(always)]
     fn max(a: Self, b: Self) -> Self {
         Ord::max(a, b)
     }
+    #[inline(always)]
     fn mean(sum: Self, _ranks: usize) -> Self {
         sum
     }
@@ -239,15 +251,14 @@ unsafe fn combine<T: Element>(ptrs: &[*mut T], range: Range<usize>, op: Op) {
         // lives only within this block's statement.
         let slice = |p: *mut T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
         acc.copy_from_slice(slice(ptrs[0]));
+        // One loop per operation, so that each is compiled to vector code
+        // rather than a call per element.
         for &p in &ptrs[1..] {
             let next = slice(p);
-            let f = match op {
-                Op::Sum | Op::Mean => T::sum,
-                Op::Min => T::min,
-                Op::Max => T::max,
-            };
-            for (a, b) in acc.iter_mut().zip(next) {
-                *a = f(*a, *b);
+            match op {
+                Op::Sum | Op::Mean => fold(acc, next, T::sum),
+                Op::Min => fold(acc, next, T::min),
+                Op::Max => fold(acc, next, T::max),
             }
         }
         if op == Op::Mean {
@@ -260,6 +271,14 @@ unsafe fn combine<T: Element>(ptrs: &[*mut T], range: Range<usize>, op: Op) {
             unsafe { std::slice::from_raw_parts_mut(p.add(start), n) }.copy_from_slice(acc);
         }
         start += n;
+    }
+}
+
+/// `acc[i] = f(acc[i], next[i])`, inlined for each `f`.
+#[inline(always)]
+fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T) {
+    for (a, b) in acc.iter_mut().zip(next) {
+        *a = f(*a, *b);
     }
 }
 

@@ -21,6 +21,14 @@ pub const S3_SPEEDUP: f64 = 1.5;
 pub const S3_CPU_SHARE: f64 = 0.3;
 /// Host memory per rank, up to 64 ranks.
 pub const RANK_MIB: f64 = 10.0;
+/// An all-reduce of 64 MiB f32 against a copy of the same bytes (every
+/// rank's buffer read, a result written to every rank).
+pub const ALL_REDUCE_VS_COPY: f64 = 2.0;
+/// A small all-reduce against `report` without a checkpoint: the same
+/// order of magnitude.
+pub const SMALL_ALL_REDUCE_VS_REPORT: f64 = 10.0;
+/// Data-parallel samples per second with 2 ranks against 1 on 2 cores.
+pub const SCALING_2_RANKS: f64 = 1.8;
 
 /// The goal column of a row that compares without a goal of its own.
 pub fn comparison(what: &str) -> String {
@@ -35,7 +43,10 @@ pub fn describe() -> String {
          persist ≤ {} × `cp -r` + `sync`; a guest blocked in `report` ≤ {} ms with a \
          64 MiB checkpoint; restart ≤ {} ms; a warm CLI run with 2 ranks ≤ {} s; \
          the guest's SGD ≤ {} × native; S3 upload ≥ {} × faster than `aws s3 cp` \
-         with ≤ {} × its CPU; ≤ {} MiB per rank up to 64 ranks. **met** is computed \
+         with ≤ {} × its CPU; ≤ {} MiB per rank up to 64 ranks; an all-reduce of 64 MiB \
+         ≤ {} × a copy of the same bytes, a small one the same order as `report` \
+         (< {} ×), data-parallel training ≥ {} × the samples/s with 2 ranks on 2 cores. \
+         **met** is computed \
          against them; a row whose baseline is not the one a goal is stated against \
          is marked as a comparison and claims nothing.\n",
         REPORT_NS / 1e3,
@@ -47,5 +58,8 @@ pub fn describe() -> String {
         S3_SPEEDUP,
         S3_CPU_SHARE,
         RANK_MIB,
+        ALL_REDUCE_VS_COPY,
+        SMALL_ALL_REDUCE_VS_REPORT,
+        SCALING_2_RANKS,
     )
 }

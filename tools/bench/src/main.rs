@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Parser;
 
-use groups::{blocked, cli, persist, ranks, report, restart, s3, sgd};
+use groups::{blocked, cli, collective, persist, ranks, report, restart, s3, sgd};
 
 #[derive(Parser, Debug)]
 #[command(about = "Run trainhost's benchmarks, each against a baseline in the same run")]
@@ -31,7 +31,7 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
     /// Run only the groups whose names contain one of these words
-    /// (report, persist, blocked, restart, cli, sgd, s3, ranks).
+    /// (report, persist, blocked, restart, cli, sgd, s3, ranks, collective).
     #[arg(long, value_name = "GROUP")]
     only: Vec<String>,
     /// The `trainhost` binary for the CLI measures. Default: next to this
@@ -45,6 +45,10 @@ struct Args {
     #[arg(long, hide = true)]
     child_cache: Option<PathBuf>,
 }
+
+/// As the `trainhost` command line runs.
+#[global_allocator]
+static ALLOCATOR: trainhost::HugePageAllocator = trainhost::HugePageAllocator;
 
 fn main() -> Result<()> {
     let args = Args::parse();
@@ -91,6 +95,9 @@ fn main() -> Result<()> {
             Ok(r) => rows.extend(r),
             Err(e) => skipped.push(format!("s3: {e:#}")),
         }
+    }
+    if want("collective") {
+        rows.extend(collective::collective(args.quick, reps)?);
     }
     if want("ranks") {
         rows.extend(ranks::ranks(args.quick, cache.path())?);

@@ -51,6 +51,11 @@ enum Command {
     Checkpoints(checkpoints::CheckpointsArgs),
 }
 
+/// Large host buffers (collective payloads, copies of guest data) on huge
+/// pages: see `HugePageAllocator`.
+#[global_allocator]
+static ALLOCATOR: trainhost::HugePageAllocator = trainhost::HugePageAllocator;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let quiet = matches!(&cli.command, Command::Run(args) if args.quiet);

@@ -38,6 +38,9 @@ enum Bench {
     Restart { bytes: u64 },
     /// One report, then return.
     Start,
+    /// `calls` all-reduces (f32, sum) of `floats` values, then as many
+    /// reports without a checkpoint.
+    AllReduce { floats: usize, calls: u32 },
 }
 
 fn train(bench: Bench) -> Result<(), String> {
@@ -51,6 +54,7 @@ fn train(bench: Bench) -> Result<(), String> {
         Bench::Sgd { steps, dim, batch } => sgd(steps, dim, batch),
         Bench::Restart { bytes } => restart(bytes),
         Bench::Start => report(Metrics::new().with("started", true), None),
+        Bench::AllReduce { floats, calls } => all_reduce(floats, calls),
     }
 }
 
@@ -90,6 +94,32 @@ fn report_loop(reports: u32) -> Result<(), String> {
         Metrics::new()
             .with("report_ns", report_ns)
             .with("call_ns", call_ns),
+        None,
+    )
+}
+
+fn all_reduce(floats: usize, calls: u32) -> Result<(), String> {
+    use trainhost_guest::collective::{self, Op};
+    let mut data = vec![1.0f32; floats];
+    // Warm up: the first call grows the guest's memory for the result.
+    collective::all_reduce(&mut data, Op::Sum).map_err(|e| e.to_string())?;
+    let mut times = Vec::with_capacity(calls as usize);
+    for _ in 0..calls {
+        let started = Instant::now();
+        collective::all_reduce(&mut data, Op::Sum).map_err(|e| e.to_string())?;
+        times.push(started.elapsed().as_nanos() as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    let all_reduce_ns = times[times.len() / 2];
+    let started = Instant::now();
+    for i in 0..calls {
+        report(Metrics::new().with("i", i), None)?;
+    }
+    let report_ns = per_call(started.elapsed(), calls);
+    report(
+        Metrics::new()
+            .with("all_reduce_ns", all_reduce_ns)
+            .with("report_ns", report_ns),
         None,
     )
 }
