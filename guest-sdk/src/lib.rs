@@ -62,6 +62,10 @@
 //! Without SIMD, element-wise `f32` loops run about 3× slower; a debug
 //! build about 30× slower.
 //!
+//! Ranks combine their work with the collectives in [`collective`]
+//! (barrier, broadcast, all-reduce, all-gather): data-parallel training
+//! all-reduces its gradients before every step.
+//!
 //! [trainhost]: https://github.com/trainhost/trainhost
 #![deny(missing_docs)]
 

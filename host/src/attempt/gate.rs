@@ -28,8 +28,15 @@
 //! the other work for a whole time slice, so rounds take milliseconds
 //! instead of microseconds. The gate therefore keeps score: an active wait
 //! that saw its round complete counts up, one that ended in parking anyway
-//! counts down more, and while the score is not positive waiters park at
-//! once, trying an active wait again only every [`PROBE`]-th time.
+//! counts down, and while the score is not positive waiters park at once,
+//! trying an active wait again now and then. How much a failure counts and
+//! how often a parked gate tries again depend on what a failure costs: a
+//! yield in vain gives a core away for a whole time slice, so yielding
+//! needs a clear record and is retried rarely; a spin in vain costs the
+//! spinning core only, so spinning goes on while at least half the spins
+//! pay and is retried soon (a data-parallel loop has a slow round now and
+//! then, where one rank saves a checkpoint, and must not lose its quick
+//! rounds to it for the rest of the run).
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -42,13 +49,8 @@ use std::time::{Duration, Instant};
 /// wake-up of about as long. With 50 µs the digits example ran 1.2–1.4×
 /// faster on 2 ranks than on 1; with 150 µs, 1.8×.
 const ACTIVE_WAIT: Duration = Duration::from_micros(150);
-/// While active waiting does not pay, one wait in this many tries it.
-const PROBE: u32 = 256;
 /// Bounds of the score: how many recent successes it remembers.
 const SCORE_MAX: i32 = 16;
-/// What a failed active wait costs the score: waiting actively in vain
-/// costs more than parking at once loses.
-const FAILURE: i32 = 8;
 
 /// How a waiter waits actively.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +60,24 @@ enum Active {
     /// Give the core to another thread: the rank that will complete the
     /// round may be waiting for one.
     Yield,
+}
+
+impl Active {
+    /// What a failed active wait costs the score (a success counts 1).
+    fn failure(self) -> i32 {
+        match self {
+            Active::Spin => 1,
+            Active::Yield => 8,
+        }
+    }
+
+    /// While active waiting does not pay, one wait in this many tries it.
+    fn probe(self) -> u32 {
+        match self {
+            Active::Spin => 16,
+            Active::Yield => 256,
+        }
+    }
 }
 
 /// A rank must stop: the run is failing (the failure is recorded where it
@@ -240,7 +260,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         }
 
         let deadline = Instant::now() + self.timeout;
-        let mut active = self.active.filter(|_| self.active_pays());
+        let mut active = self.active.filter(|how| self.active_pays(*how));
         loop {
             // A completed round's outcome stands even if the run began
             // stopping since: a mismatch the leader found is told to every
@@ -289,7 +309,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
                         Active::Yield => std::thread::yield_now(),
                     }
                 }
-                self.keep_score(self.changes.load(Ordering::Acquire) != seen);
+                self.keep_score(how, self.changes.load(Ordering::Acquire) != seen);
             }
             // A wake-up may be spurious or meant for an earlier round: the
             // state is checked again either way.
@@ -302,17 +322,17 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
 
     /// Whether this wait should wait actively: while it has paid lately,
     /// and now and then to find out whether it pays again.
-    fn active_pays(&self) -> bool {
+    fn active_pays(&self, how: Active) -> bool {
         self.score.load(Ordering::Relaxed) > 0
             || self
                 .skipped
                 .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(PROBE)
+                .is_multiple_of(how.probe())
     }
 
     /// Count an active wait that saw its round complete (`paid`) or not.
-    fn keep_score(&self, paid: bool) {
-        let step = if paid { 1 } else { -FAILURE };
+    fn keep_score(&self, how: Active, paid: bool) {
+        let step = if paid { 1 } else { -how.failure() };
         let _ = self
             .score
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {

@@ -93,8 +93,9 @@ pub struct RunConfig {
     pub checkpoint_config: CheckpointConfig,
     /// How many failures to survive.
     pub failure_config: FailureConfig,
-    /// How long a rank waits in `report` for the other ranks' matching call
-    /// before the run fails naming the missing ranks. Default 30 minutes.
+    /// How long a rank waits in `report` or a collective for the other
+    /// ranks' matching call before the run fails naming the missing ranks.
+    /// Default 30 minutes.
     pub report_timeout: Duration,
     /// After preemption is requested, how long the ranks have to report a
     /// final checkpoint and return before they are stopped. Default 30 s.

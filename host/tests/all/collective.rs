@@ -199,6 +199,17 @@ fn calls_that_do_not_match_fail_the_run_naming_each_rank_and_call() {
     );
 
     let (_, msg) = mismatch(json!([
+        {"all_reduce": "f32", "len": 4, "op": "sum", "ranks": [0]},
+        {"all_reduce": "f32", "len": 4, "op": "max", "ranks": [1]},
+    ]));
+    assert!(
+        msg.contains(
+            "rank 0 called all-reduce (sum) of 4 f32, rank 1 called all-reduce (max) of 4 f32"
+        ),
+        "{msg}"
+    );
+
+    let (_, msg) = mismatch(json!([
         {"broadcast": "x", "root": 0, "ranks": [0]},
         {"broadcast": "x", "root": 1, "ranks": [1]},
     ]));

@@ -62,8 +62,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     result_json: Option<PathBuf>,
 
-    /// How long ranks wait for each other in report before the run fails
-    /// naming the missing ranks, e.g. 90s, 30m, 2h.
+    /// How long ranks wait for each other in report or a collective
+    /// (barrier, all-reduce, ...) before the run fails naming the missing
+    /// ranks, e.g. 90s, 30m, 2h.
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     report_timeout: Duration,
 
@@ -155,7 +156,8 @@ pub struct RunArgs {
     sync_period: Duration,
 
     /// Linear memory each rank may use, e.g. 512MiB, 2GiB (default: wasm32's
-    /// 4 GiB). Exceeding it fails the rank.
+    /// 4 GiB). Exceeding it fails the rank. A collective whose result would
+    /// be larger is refused on every rank before the host allocates it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
     max_memory: Option<u64>,
 
