@@ -18,9 +18,9 @@
 //! short while, since ranks doing the same work arrive close together and
 //! a round then completes sooner than a parked thread is woken: it spins
 //! when every rank has a core of its own, and yields its core to the ranks
-//! still on their way when ranks outnumber cores. Both are bounded
-//! ([`SPIN_WAIT`], [`ACTIVE_WAIT`]), so a rank waiting on a slow one costs
-//! that much CPU at most.
+//! still on their way when ranks outnumber cores. Both are bounded by
+//! [`ACTIVE_WAIT`], so a rank waiting on a slow one costs that much CPU at
+//! most.
 //!
 //! Whether waiting actively pays depends on the machine's load, which
 //! changes: on a machine busy with other work, a spinning rank takes the
@@ -43,19 +43,16 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// How long a waiter yields before parking, when ranks outnumber cores:
-/// long enough for the ranks still computing to take turns on the cores
-/// and arrive, short because a yield may hand the core to other work for
-/// a time slice. 16 ranks on 2 cores took 89 µs a round with 50 µs, about
-/// 40 µs with 150 µs.
+/// How long a waiter waits actively before parking: long enough for the
+/// ranks of a data-parallel step to arrive (they drift apart by tens of
+/// microseconds per step), short because under load a spin takes a core
+/// from other work and a yield may hand it away for a time slice. With
+/// 50 µs the digits example ran 1.2–1.4× faster on 2 ranks than on 1, and
+/// 16 ranks on 2 cores took 89 µs a round; with 150 µs about 1.6–1.8× and
+/// 40–55 µs. Spinning up to 1 ms helped steps of a millisecond but made 2
+/// ranks sharing their cores with busy threads take 74 µs a round instead
+/// of 8.
 const ACTIVE_WAIT: Duration = Duration::from_micros(150);
-/// How long a waiter spins, when every rank has a core of its own, before
-/// parking: a core of its own costs nothing to spin on, while waking a
-/// parked rank costs more, most of all on a virtual machine whose idle
-/// core the hypervisor may have descheduled. Two ranks of the digits
-/// example with 128 images a step each (about 1 ms) ran 1.5–1.9× faster
-/// than one rank with 150 µs here, 1.8–1.9× with 1 ms.
-const SPIN_WAIT: Duration = Duration::from_micros(1000);
 /// Bounds of the score: how many recent successes it remembers.
 const SCORE_MAX: i32 = 16;
 
@@ -75,14 +72,6 @@ impl Active {
         match self {
             Active::Spin => 1,
             Active::Yield => 8,
-        }
-    }
-
-    /// How long to wait actively before parking.
-    fn window(self) -> Duration {
-        match self {
-            Active::Spin => SPIN_WAIT,
-            Active::Yield => ACTIVE_WAIT,
         }
     }
 
@@ -317,7 +306,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             }
             drop(st);
             if let Some(how) = active.take() {
-                let until = now + how.window();
+                let until = now + ACTIVE_WAIT;
                 while self.changes.load(Ordering::Acquire) == seen && Instant::now() < until {
                     match how {
                         Active::Spin => std::hint::spin_loop(),
