@@ -34,8 +34,9 @@
 //! # Ok::<(), trainhost::Error>(())
 //! ```
 //!
-//! The behaviour promised, rule by rule, is in the repository's
-//! `SEMANTICS` rules cited throughout as R1..R26.
+//! The behaviour promised, rule by rule, is in the project's `SEMANTICS`
+//! rules, cited throughout as R1..R28, and in the repository's
+//! `SEMANTICS.md`, which continues them from R29 (collectives).
 //!
 //! # Features
 //!

@@ -14,75 +14,15 @@
 //! thread and the leader unparks exactly the waiting threads once the
 //! outcome is stored. (A condition variable's `notify_all` would wake them
 //! all at once to fight over the lock: two context switches per rank when
-//! ranks outnumber cores.) Before parking, a waiter waits actively for a
-//! short while, since ranks doing the same work arrive close together and
-//! a round then completes sooner than a parked thread is woken: it spins
-//! when every rank has a core of its own, and yields its core to the ranks
-//! still on their way when ranks outnumber cores. Both are bounded by
-//! [`ACTIVE_WAIT`], so a rank waiting on a slow one costs that much CPU at
-//! most.
-//!
-//! Whether waiting actively pays depends on the machine's load, which
-//! changes: on a machine busy with other work, a spinning rank takes the
-//! core the rank it waits for needs, and a yielding one hands its core to
-//! the other work for a whole time slice, so rounds take milliseconds
-//! instead of microseconds. The gate therefore keeps score: an active wait
-//! that saw its round complete counts up, one that ended in parking anyway
-//! counts down, and while the score is not positive waiters park at once,
-//! trying an active wait again now and then. How much a failure counts and
-//! how often a parked gate tries again depend on what a failure costs: a
-//! yield in vain gives a core away for a whole time slice, so yielding
-//! needs a clear record and is retried rarely; a spin in vain costs the
-//! spinning core only, so spinning goes on while at least half the spins
-//! pay and is retried soon (a data-parallel loop has a slow round now and
-//! then, where one rank saves a checkpoint, and must not lose its quick
-//! rounds to it for the rest of the run).
+//! ranks outnumber cores.) Before parking, a waiter may wait actively for a
+//! moment (`waiting.rs`).
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// How long a waiter waits actively before parking: long enough for the
-/// ranks of a data-parallel step to arrive (they drift apart by tens of
-/// microseconds per step), short because under load a spin takes a core
-/// from other work and a yield may hand it away for a time slice. With
-/// 50 µs the digits example ran 1.2–1.4× faster on 2 ranks than on 1, and
-/// 16 ranks on 2 cores took 89 µs a round; with 150 µs about 1.6–1.8× and
-/// 40–55 µs. Spinning up to 1 ms helped steps of a millisecond but made 2
-/// ranks sharing their cores with busy threads take 74 µs a round instead
-/// of 8.
-const ACTIVE_WAIT: Duration = Duration::from_micros(150);
-/// Bounds of the score: how many recent successes it remembers.
-const SCORE_MAX: i32 = 16;
-
-/// How a waiter waits actively.
-#[derive(Debug, Clone, Copy)]
-enum Active {
-    /// Busy-wait: every rank can have its own core.
-    Spin,
-    /// Give the core to another thread: the rank that will complete the
-    /// round may be waiting for one.
-    Yield,
-}
-
-impl Active {
-    /// What a failed active wait costs the score (a success counts 1).
-    fn failure(self) -> i32 {
-        match self {
-            Active::Spin => 1,
-            Active::Yield => 8,
-        }
-    }
-
-    /// While active waiting does not pay, one wait in this many tries it.
-    fn probe(self) -> u32 {
-        match self {
-            Active::Spin => 16,
-            Active::Yield => 256,
-        }
-    }
-}
+use super::waiting::ActiveWait;
 
 /// A rank must stop: the run is failing (the failure is recorded where it
 /// happened).
@@ -140,12 +80,8 @@ pub(crate) struct ReportGate<A, O> {
     /// Rounds completed or the run aborted: changes when waiters should
     /// look at the state again (read without the lock while spinning).
     changes: AtomicU64,
-    /// How waiters wait before parking (`None` with one rank).
-    active: Option<Active>,
-    /// Whether active waits have been seeing their round complete lately.
-    score: AtomicI32,
-    /// Waits that parked at once, counted to probe now and then.
-    skipped: AtomicU32,
+    /// How waiters wait before parking.
+    active: ActiveWait,
 }
 
 impl<A, O> std::fmt::Debug for ReportGate<A, O> {
@@ -172,7 +108,6 @@ impl Violation {
 
 impl<A: Describe, O: Clone> ReportGate<A, O> {
     pub fn new(world_size: usize, timeout: Duration) -> Self {
-        let cores = crate::collective::cores();
         Self {
             world_size,
             timeout,
@@ -187,13 +122,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
                 waiting: Vec::with_capacity(world_size),
             }),
             changes: AtomicU64::new(0),
-            score: AtomicI32::new(SCORE_MAX / 2),
-            skipped: AtomicU32::new(0),
-            active: match world_size {
-                1 => None,
-                n if n <= cores => Some(Active::Spin),
-                _ => Some(Active::Yield),
-            },
+            active: ActiveWait::new(world_size),
         }
     }
 
@@ -264,7 +193,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         }
 
         let deadline = Instant::now() + self.timeout;
-        let mut active = self.active.filter(|how| self.active_pays(*how));
+        let mut active = self.active.choose();
         loop {
             // A completed round's outcome stands even if the run began
             // stopping since: a mismatch the leader found is told to every
@@ -306,14 +235,8 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             }
             drop(st);
             if let Some(how) = active.take() {
-                let until = now + ACTIVE_WAIT;
-                while self.changes.load(Ordering::Acquire) == seen && Instant::now() < until {
-                    match how {
-                        Active::Spin => std::hint::spin_loop(),
-                        Active::Yield => std::thread::yield_now(),
-                    }
-                }
-                self.keep_score(how, self.changes.load(Ordering::Acquire) != seen);
+                self.active
+                    .wait(how, || self.changes.load(Ordering::Acquire) != seen);
             }
             // A wake-up may be spurious or meant for an earlier round: the
             // state is checked again either way.
@@ -322,26 +245,6 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             }
             st = self.lock();
         }
-    }
-
-    /// Whether this wait should wait actively: while it has paid lately,
-    /// and now and then to find out whether it pays again.
-    fn active_pays(&self, how: Active) -> bool {
-        self.score.load(Ordering::Relaxed) > 0
-            || self
-                .skipped
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(how.probe())
-    }
-
-    /// Count an active wait that saw its round complete (`paid`) or not.
-    fn keep_score(&self, how: Active, paid: bool) {
-        let step = if paid { 1 } else { -how.failure() };
-        let _ = self
-            .score
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                Some((s + step).clamp(-SCORE_MAX, SCORE_MAX))
-            });
     }
 
     /// Tell waiters the state changed and wake those parked.
@@ -448,19 +351,9 @@ mod tests {
 
     #[test]
     fn every_way_of_waiting_hands_out_every_round() {
-        // Score -SCORE_MAX: active waiting judged not to pay, so waiters
-        // park at once but for the probes.
-        let ways = [
-            (None, SCORE_MAX / 2),
-            (Some(Active::Spin), SCORE_MAX / 2),
-            (Some(Active::Yield), SCORE_MAX / 2),
-            (Some(Active::Spin), -SCORE_MAX),
-            (Some(Active::Yield), -SCORE_MAX),
-        ];
-        for (active, score) in ways {
+        for (active, score) in ActiveWait::every_way() {
             let mut g = ReportGate::<u32, u32>::new(6, Duration::from_secs(60));
-            g.active = active;
-            g.score = AtomicI32::new(score);
+            g.active = ActiveWait::with(active, score);
             let g = Arc::new(g);
             let handles: Vec<_> = (0..6)
                 .map(|r| {

@@ -37,6 +37,7 @@ mod recorder;
 mod restore;
 mod round;
 mod supervisor;
+mod waiting;
 mod watch;
 mod writer;
 
