@@ -103,11 +103,11 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
 
     let (mut params, mut velocity, start) = match trainhost_guest::get_checkpoint() {
         Some(checkpoint) => {
-            let (params, velocity, state) = load(checkpoint.path(), &layout)?;
+            let restored = load(checkpoint.path(), &layout)?;
             if rank == 0 {
-                println!("resuming after epoch {}", state.epoch);
+                println!("resuming after epoch {}", restored.state.epoch);
             }
-            (params, velocity, state.epoch + 1)
+            (restored.params, restored.velocity, restored.state.epoch + 1)
         }
         None => (layout.init(config.seed), vec![0.0; layout.len()], 0),
     };
@@ -272,8 +272,15 @@ fn write_tensors(path: &Path, layout: &Layout, flat: &[f32]) -> Result<(), Box<d
     Ok(())
 }
 
-/// Read a checkpoint `save` wrote: parameters, momentum, state.
-fn load(dir: &Path, layout: &Layout) -> Result<(Vec<f32>, Vec<f32>, State), Box<dyn Error>> {
+/// What a checkpoint holds.
+struct Restored {
+    params: Vec<f32>,
+    velocity: Vec<f32>,
+    state: State,
+}
+
+/// Read a checkpoint `save` wrote.
+fn load(dir: &Path, layout: &Layout) -> Result<Restored, Box<dyn Error>> {
     let state: State = serde_json::from_slice(&fs::read(dir.join("state.json"))?)?;
     if state.hidden != layout.hidden {
         return Err(format!(
@@ -284,7 +291,11 @@ fn load(dir: &Path, layout: &Layout) -> Result<(Vec<f32>, Vec<f32>, State), Box<
     }
     let params = read_tensors(&dir.join("model.safetensors"), layout)?;
     let velocity = read_tensors(&dir.join("optimizer.safetensors"), layout)?;
-    Ok((params, velocity, state))
+    Ok(Restored {
+        params,
+        velocity,
+        state,
+    })
 }
 
 fn read_tensors(path: &Path, layout: &Layout) -> Result<Vec<f32>, Box<dyn Error>> {
