@@ -41,43 +41,31 @@ trait Element: Copy + Default + Send + Sync + 'static {
     fn mean(sum: Self, ranks: usize) -> Self;
 }
 
-impl Element for f32 {
-    #[inline(always)]
-    fn sum(a: Self, b: Self) -> Self {
-        a + b
-    }
-    #[inline(always)]
-    fn min(a: Self, b: Self) -> Self {
-        a.min(b)
-    }
-    #[inline(always)]
-    fn max(a: Self, b: Self) -> Self {
-        a.max(b)
-    }
-    #[inline(always)]
-    fn mean(sum: Self, ranks: usize) -> Self {
-        sum / ranks as f32
-    }
+/// f32 and f64 combine alike.
+macro_rules! float_element {
+    ($($t:ty),*) => {$(
+        impl Element for $t {
+            #[inline(always)]
+            fn sum(a: Self, b: Self) -> Self {
+                a + b
+            }
+            #[inline(always)]
+            fn min(a: Self, b: Self) -> Self {
+                a.min(b)
+            }
+            #[inline(always)]
+            fn max(a: Self, b: Self) -> Self {
+                a.max(b)
+            }
+            #[inline(always)]
+            fn mean(sum: Self, ranks: usize) -> Self {
+                sum / ranks as $t
+            }
+        }
+    )*};
 }
 
-impl Element for f64 {
-    #[inline(always)]
-    fn sum(a: Self, b: Self) -> Self {
-        a + b
-    }
-    #[inline(always)]
-    fn min(a: Self, b: Self) -> Self {
-        a.min(b)
-    }
-    #[inline(always)]
-    fn max(a: Self, b: Self) -> Self {
-        a.max(b)
-    }
-    #[inline(always)]
-    fn mean(sum: Self, ranks: usize) -> Self {
-        sum / ranks as f64
-    }
-}
+float_element!(f32, f64);
 
 impl Element for i64 {
     #[inline(always)]
