@@ -55,6 +55,7 @@ mod checkpoint;
 mod collective;
 mod config;
 mod error;
+mod executor;
 mod failure;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

@@ -10,19 +10,17 @@
 //! from `train`, else after the report timeout. Whether the calls of a
 //! round agree with each other is for the leader to say.
 //!
-//! Waiting is built for many short rounds: a waiting rank registers its
-//! thread and the leader unparks exactly the waiting threads once the
-//! outcome is stored. (A condition variable's `notify_all` would wake them
-//! all at once to fight over the lock: two context switches per rank when
-//! ranks outnumber cores.) Before parking, a waiter may wait actively for a
-//! moment (`waiting.rs`).
+//! Waiting is built for many short rounds: a rank waits as a future, so a
+//! thread running several ranks goes on with the next one (see
+//! `crate::executor`), and the leader wakes exactly the waiting ranks once
+//! the outcome is stored. A waiter tells the executor that its wait should
+//! be brief (the others are on their way), and when its timeout falls.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::thread::Thread;
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use super::waiting::ActiveWait;
+use crate::executor;
 
 /// A rank must stop: the run is failing (the failure is recorded where it
 /// happened).
@@ -53,21 +51,26 @@ struct State<A, O> {
     /// Per rank: the number of rounds it returned from `train` after.
     finished: Vec<Option<u64>>,
     aborted: bool,
-    /// The threads waiting for the current round (or for an abort).
-    waiting: Vec<Thread>,
+    /// The ranks waiting for the current round (or for an abort), by rank.
+    waiting: Vec<Option<Waker>>,
 }
 
 impl<A, O> State<A, O> {
-    /// Mark the run as failing and take the threads to wake.
-    fn abort(&mut self) -> Vec<Thread> {
+    /// Mark the run as failing and take the ranks to wake.
+    fn abort(&mut self) -> Vec<Waker> {
         self.aborted = true;
-        std::mem::take(&mut self.waiting)
+        self.take_waiting()
+    }
+
+    fn take_waiting(&mut self) -> Vec<Waker> {
+        self.waiting.iter_mut().filter_map(Option::take).collect()
     }
 }
 
-fn wake(threads: Vec<Thread>) {
-    for t in threads {
-        t.unpark();
+/// Wake `wakers`, outside the lock.
+fn wake(wakers: Vec<Waker>) {
+    for w in wakers {
+        w.wake();
     }
 }
 
@@ -77,11 +80,6 @@ pub(crate) struct ReportGate<A, O> {
     world_size: usize,
     timeout: Duration,
     state: Mutex<State<A, O>>,
-    /// Rounds completed or the run aborted: changes when waiters should
-    /// look at the state again (read without the lock while spinning).
-    changes: AtomicU64,
-    /// How waiters wait before parking.
-    active: ActiveWait,
 }
 
 impl<A, O> std::fmt::Debug for ReportGate<A, O> {
@@ -119,10 +117,8 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
                 last: None,
                 finished: vec![None; world_size],
                 aborted: false,
-                waiting: Vec::with_capacity(world_size),
+                waiting: (0..world_size).map(|_| None).collect(),
             }),
-            changes: AtomicU64::new(0),
-            active: ActiveWait::new(world_size),
         }
     }
 
@@ -138,15 +134,24 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
     /// Returns `Err(Ok(violation))` when this call broke the protocol (the
     /// caller fails the run), `Err(Err(Aborted))` when the run is failing
     /// for another reason.
-    pub fn arrive(
+    pub async fn arrive(
         &self,
         rank: usize,
         arrival: A,
         lead: impl FnOnce(Gathered<A>) -> O,
     ) -> Result<O, Result<Violation, Aborted>> {
+        match self.enter(rank, arrival, lead) {
+            Entered::Done(result) => result,
+            Entered::Waiting { round } => self.wait(rank, round).await,
+        }
+    }
+
+    /// The part of [`Self::arrive`] that does not wait: the arrival, and
+    /// the round if this rank is the last to arrive.
+    fn enter(&self, rank: usize, arrival: A, lead: impl FnOnce(Gathered<A>) -> O) -> Entered<O> {
         let mut st = self.lock();
         if st.aborted {
-            return Err(Err(Aborted));
+            return Entered::Done(Err(Err(Aborted)));
         }
         let round = st.round;
         // A rank that has returned from `train` will never make this call.
@@ -160,13 +165,13 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         if !gone.is_empty() {
             let waiting = st.abort();
             drop(st);
-            self.changed(waiting);
-            return Err(Ok(Violation(format!(
+            wake(waiting);
+            return Entered::Done(Err(Ok(Violation(format!(
                 "rank {rank} called {} as its {} collective call, but {}; {SAME_CALLS}",
                 arrival.describe(),
                 ordinal(round + 1),
                 gone.join(", ")
-            ))));
+            )))));
         }
         debug_assert!(st.arrivals[rank].is_none(), "rank {rank} arrived twice");
         st.arrivals[rank] = Some(arrival);
@@ -186,71 +191,59 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             st.round += 1;
             st.arrived = 0;
             st.closed = false;
-            let waiting = std::mem::take(&mut st.waiting);
+            let waiting = st.take_waiting();
             drop(st);
-            self.changed(waiting);
-            return Ok(outcome);
+            wake(waiting);
+            return Entered::Done(Ok(outcome));
         }
+        Entered::Waiting { round }
+    }
 
+    /// Wait for the outcome of `round`, which `rank` arrived for.
+    async fn wait(&self, rank: usize, round: u64) -> Result<O, Result<Violation, Aborted>> {
         let deadline = Instant::now() + self.timeout;
-        let mut active = self.active.choose();
-        loop {
+        std::future::poll_fn(|cx| {
+            let mut st = self.lock();
             // A completed round's outcome stands even if the run began
             // stopping since: a mismatch the leader found is told to every
             // rank of the round.
             if let Some((r, outcome)) = &st.last
                 && *r == round
             {
-                return Ok(outcome.clone());
+                return Poll::Ready(Ok(outcome.clone()));
             }
             if st.aborted {
-                return Err(Err(Aborted));
+                return Poll::Ready(Err(Err(Aborted)));
             }
-            let now = Instant::now();
-            if !st.closed && now >= deadline {
+            if !st.closed && Instant::now() >= deadline {
                 let (came, missing): (Vec<usize>, Vec<usize>) =
                     (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
                 let what = self.calls(&st);
                 let waiting = st.abort();
                 drop(st);
-                self.changed(waiting);
-                return Err(Ok(Violation(format!(
+                wake(waiting);
+                return Poll::Ready(Err(Ok(Violation(format!(
                     "ranks {came:?} waited {} in their {} collective call ({}) for ranks {missing:?}, which did not arrive; {SAME_CALLS} (raise the report timeout if a step can take longer)",
                     humantime::format_duration(self.timeout),
                     ordinal(round + 1),
                     what,
-                ))));
+                )))));
             }
-            // Once the round is closed the leader is persisting; that has
-            // its own storage timeouts, so wait without a deadline.
-            let wait = if st.closed {
-                Duration::from_secs(3600)
-            } else {
-                deadline - now
-            };
-            let seen = self.changes.load(Ordering::Acquire);
-            let me = std::thread::current();
-            if !st.waiting.iter().any(|t| t.id() == me.id()) {
-                st.waiting.push(me);
+            match &mut st.waiting[rank] {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                slot => *slot = Some(cx.waker().clone()),
             }
-            drop(st);
-            if let Some(how) = active.take() {
-                self.active
-                    .wait(how, || self.changes.load(Ordering::Acquire) != seen);
+            // The others are on their way, or the leader is recording,
+            // which takes microseconds without a checkpoint (the idle wait
+            // learns when it does not). Once the round is closed the leader
+            // has its own storage timeouts, so wait without a deadline.
+            executor::waiting_briefly();
+            if !st.closed {
+                executor::poll_again_at(deadline);
             }
-            // A wake-up may be spurious or meant for an earlier round: the
-            // state is checked again either way.
-            if self.changes.load(Ordering::Acquire) == seen {
-                std::thread::park_timeout(wait);
-            }
-            st = self.lock();
-        }
-    }
-
-    /// Tell waiters the state changed and wake those parked.
-    fn changed(&self, waiting: Vec<Thread>) {
-        self.changes.fetch_add(1, Ordering::Release);
-        wake(waiting);
+            Poll::Pending
+        })
+        .await
     }
 
     /// The number of completed rounds.
@@ -283,7 +276,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         let what = self.calls(&st);
         let threads = st.abort();
         drop(st);
-        self.changed(threads);
+        wake(threads);
         Err(Violation(format!(
             "rank {rank} returned from train after {calls} collective calls while ranks {waiting:?} wait in their {} ({what}); {SAME_CALLS}",
             ordinal(round + 1)
@@ -293,8 +286,16 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
     /// Wake every waiting rank with [`Aborted`]; later arrivals get it too.
     pub fn abort(&self) {
         let waiting = self.lock().abort();
-        self.changed(waiting);
+        wake(waiting);
     }
+}
+
+/// What a rank's arrival came to at once.
+enum Entered<O> {
+    /// The call's result: this rank led the round, or may not take part.
+    Done(Result<O, Result<Violation, Aborted>>),
+    /// The round is waiting for other ranks.
+    Waiting { round: u64 },
 }
 
 /// The rule every protocol violation ends with.
@@ -314,6 +315,9 @@ pub(super) fn ordinal(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::IdleWait;
+    use crate::executor::block_on;
+    use std::pin::Pin;
     use std::sync::Arc;
 
     impl Describe for u32 {
@@ -335,9 +339,9 @@ mod tests {
                 std::thread::spawn(move || {
                     (0..3)
                         .map(|_| {
-                            g.arrive(r, r as u32, |gathered| {
+                            block_on(g.arrive(r, r as u32, |gathered| {
                                 gathered.arrivals.iter().sum::<u32>()
-                            })
+                            }))
                             .unwrap()
                         })
                         .collect::<Vec<_>>()
@@ -351,28 +355,36 @@ mod tests {
 
     #[test]
     fn every_way_of_waiting_hands_out_every_round() {
-        for (active, score) in ActiveWait::every_way() {
-            let mut g = ReportGate::<u32, u32>::new(6, Duration::from_secs(60));
-            g.active = ActiveWait::with(active, score);
-            let g = Arc::new(g);
-            let handles: Vec<_> = (0..6)
-                .map(|r| {
-                    let g = Arc::clone(&g);
-                    std::thread::spawn(move || {
-                        (0..300u32)
-                            .map(|i| {
-                                g.arrive(r, i * 10 + r as u32, |gathered| {
-                                    gathered.arrivals.iter().sum::<u32>()
-                                })
-                                .unwrap()
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
+        // 6 ranks on 2 executor threads, as ranks outnumbering cores run.
+        for idle in IdleWait::every_way() {
+            let g = ReportGate::<u32, u32>::new(6, Duration::from_secs(60));
+            let results: Vec<Mutex<Vec<u32>>> = (0..6).map(|_| Mutex::default()).collect();
+            std::thread::scope(|s| {
+                for t in 0..2 {
+                    let (g, idle, results) = (&g, &idle, &results);
+                    s.spawn(move || {
+                        let tasks = (t..6).step_by(2).map(|r| {
+                            let task: Pin<Box<dyn Future<Output = ()> + '_>> =
+                                Box::pin(async move {
+                                    for i in 0..300u32 {
+                                        let sum = g
+                                            .arrive(r, i * 10 + r as u32, |gathered| {
+                                                gathered.arrivals.iter().sum::<u32>()
+                                            })
+                                            .await
+                                            .unwrap();
+                                        results[r].lock().unwrap().push(sum);
+                                    }
+                                });
+                            (r, task)
+                        });
+                        executor::run(tasks, idle, |r, m| panic!("rank {r}: {m}"));
+                    });
+                }
+            });
             let expected: Vec<u32> = (0..300u32).map(|i| i * 60 + 15).collect();
-            for h in handles {
-                assert_eq!(h.join().unwrap(), expected, "{active:?} {score}");
+            for r in results {
+                assert_eq!(r.into_inner().unwrap(), expected, "{idle:?}");
             }
         }
     }
@@ -381,7 +393,7 @@ mod tests {
     fn a_finished_rank_fails_waiting_ranks_at_once() {
         let g = gate(2, 60_000);
         let g1 = Arc::clone(&g);
-        let waiter = std::thread::spawn(move || g1.arrive(1, 0, |_| 0));
+        let waiter = std::thread::spawn(move || block_on(g1.arrive(1, 0, |_| 0)));
         while g.lock().arrived == 0 {
             std::thread::yield_now();
         }
@@ -401,7 +413,10 @@ mod tests {
     fn reporting_after_another_rank_finished_is_a_violation() {
         let g = gate(2, 60_000);
         g.finish(0).unwrap();
-        let err = g.arrive(1, 7, |_| 0).unwrap_err().unwrap().to_string();
+        let err = block_on(g.arrive(1, 7, |_| 0))
+            .unwrap_err()
+            .unwrap()
+            .to_string();
         assert!(
             err.contains("rank 1 called call 7 as its 1st collective call"),
             "{err}"
@@ -412,9 +427,9 @@ mod tests {
     fn a_missing_rank_times_out_naming_it() {
         let g = gate(3, 50);
         let g0 = Arc::clone(&g);
-        let t = std::thread::spawn(move || g0.arrive(0, 0, |_| 0));
+        let t = std::thread::spawn(move || block_on(g0.arrive(0, 0, |_| 0)));
         let started = Instant::now();
-        let err = g.arrive(2, 0, |_| 0);
+        let err = block_on(g.arrive(2, 0, |_| 0));
         let other = t.join().unwrap();
         let violation = match (err, other) {
             (Err(Ok(v)), Err(Err(Aborted))) | (Err(Err(Aborted)), Err(Ok(v))) => v.to_string(),

@@ -42,7 +42,7 @@ pub(crate) enum Refused {
 /// of the rank's sandbox to the host path it is given
 /// (`report-handing-over`).
 pub(crate) type HandOver<'a> =
-    &'a dyn Fn(&str, &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+    &'a (dyn Fn(&str, &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Sync);
 
 /// A checkpoint directory a rank reports.
 pub(crate) struct Reported<'a> {
@@ -109,7 +109,7 @@ impl RankHandle {
     /// checkpoint directory the guest named, if any. Returns once the
     /// report is recorded (or committed, in the blocking mode), with a
     /// refusal the guest sees, or `Aborted` if the attempt is stopping.
-    pub fn report(
+    pub async fn report(
         &self,
         metrics: Metrics,
         checkpoint: Option<Reported<'_>>,
@@ -124,7 +124,8 @@ impl RankHandle {
         self.attempt.supervisor.count_report(self.rank);
         Ok(self
             .attempt
-            .report(self.rank, metrics, capture)?
+            .report(self.rank, metrics, capture)
+            .await?
             .map_err(Refused::from))
     }
 
@@ -157,8 +158,8 @@ impl RankHandle {
 
     /// The rank's part of the next collective call of the `collective`
     /// interface (R29): its result, or why there is none.
-    pub fn collective(&self, call: Call) -> Result<Delivered, CollectiveError> {
-        self.attempt.collective(self.rank, call)
+    pub async fn collective(&self, call: Call) -> Result<Delivered, CollectiveError> {
+        self.attempt.collective(self.rank, call).await
     }
 
     /// Whether the rank sees preemption requested: the same answer on

@@ -37,7 +37,6 @@ mod recorder;
 mod restore;
 mod round;
 mod supervisor;
-mod waiting;
 mod watch;
 mod writer;
 
@@ -60,6 +59,7 @@ use supervisor::Supervisor;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::ResourceLimits;
+use crate::executor::{self, IdleWait, LocalFuture};
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::Ledger;
 use crate::preemption::Preemption;
@@ -177,37 +177,70 @@ impl Attempt {
         }
     }
 
-    /// Run every rank on a thread of its own (`rank` runs one, given its
-    /// handle) and supervise them until all have ended; then write what
-    /// they reported. Returns how the attempt ended.
-    pub fn run(self, rank: impl Fn(RankHandle) + Sync) -> Ended {
+    /// Run every rank (`rank` makes the future of one, given its handle)
+    /// and supervise them until all have ended; then write what they
+    /// reported. Returns how the attempt ended.
+    ///
+    /// The ranks run as tasks on at most one thread per core
+    /// (`crate::executor`), rank `r` on thread `r % threads`, each thread
+    /// inside the run's I/O runtime so that WASI's timers and file
+    /// operations find it.
+    pub fn run<'r>(self, rank: impl Fn(RankHandle) -> LocalFuture<'r> + Sync) -> Ended {
         let shared = &self.shared;
         let done = AtomicBool::new(false);
+        let ranks = shared.world_size as usize;
+        let threads = executor::threads_for(ranks);
+        let idle = IdleWait::new(threads);
         std::thread::scope(|scope| {
             let watcher = scope.spawn(|| watch::watch(shared, &done));
             // The scope waits for every rank before a panic here goes on:
             // stop them, or a rank asleep would keep the host up forever.
             let _stop_on_unwind = StopOnUnwind(shared);
-            let threads: Vec<_> = (0..shared.world_size)
-                .map(|r| {
-                    let handle = RankHandle::new(r, Arc::clone(shared));
-                    let rank = &rank;
-                    std::thread::Builder::new()
-                        .name(format!("trainhost-rank-{r}"))
-                        .spawn_scoped(scope, move || rank(handle))
+            let spawned: Vec<_> = (0..threads)
+                .filter_map(|t| {
+                    let (rank, idle) = (&rank, &idle);
+                    let thread = std::thread::Builder::new()
+                        .name(format!("trainhost-ranks-{t}"))
+                        .spawn_scoped(scope, move || {
+                            let _io = shared.handle.enter();
+                            let tasks = (t..ranks).step_by(threads).map(|r| {
+                                let r = r as u32;
+                                (r, rank(RankHandle::new(r, Arc::clone(shared))))
+                            });
+                            // A bug in the host, not the guest's doing: the
+                            // run fails saying so instead of hanging.
+                            executor::run(tasks, idle, |r, panic| {
+                                shared.fail(RunFailure {
+                                    rank: Some(r),
+                                    kind: FailureKind::Host,
+                                    message: format!(
+                                        "the host panicked running this rank: {panic}"
+                                    ),
+                                })
+                            });
+                        });
+                    // Failed at once, so that the ranks already started stop
+                    // waiting for these.
+                    thread
+                        .map_err(|e| {
+                            shared.fail(RunFailure {
+                                rank: None,
+                                kind: FailureKind::Host,
+                                message: format!("cannot start a host thread for ranks: {e}"),
+                            })
+                        })
+                        .ok()
                 })
                 .collect();
-            for (r, thread) in threads.into_iter().enumerate() {
-                let joined = thread
-                    .map_err(|e| format!("cannot start the host's thread for this rank: {e}"))
-                    .and_then(|t| t.join().map_err(|p| panic_message(p.as_ref())));
-                // A bug in the host, not the guest's doing: the run fails
-                // saying so instead of hanging or vanishing.
-                if let Err(message) = joined {
+            for thread in spawned {
+                if let Err(panic) = thread.join() {
                     shared.fail(RunFailure {
-                        rank: Some(r as u32),
+                        rank: None,
                         kind: FailureKind::Host,
-                        message,
+                        message: format!(
+                            "a host thread running ranks panicked: {}",
+                            executor::panic_message(panic.as_ref())
+                        ),
                     });
                 }
             }
@@ -320,13 +353,4 @@ impl Shared {
             self.fail_recording(failed);
         }
     }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    let text = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into());
-    format!("the host's thread for this rank panicked: {text}")
 }

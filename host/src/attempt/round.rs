@@ -5,7 +5,7 @@
 //! every rank called a collective; anything else is a mismatch that fails
 //! the run. The leader (the last rank to arrive, see `gate.rs`) commits the
 //! report or sets up the exchange; each rank then takes its own result from
-//! the shared outcome, on its own thread.
+//! the shared outcome.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -55,13 +55,13 @@ impl Shared {
     /// Rank `rank`'s part of the next collective report. Returns the
     /// report's outcome, or `Aborted` if the attempt is stopping (this call
     /// may be the cause).
-    pub(super) fn report(
+    pub(super) async fn report(
         &self,
         rank: u32,
         metrics: Metrics,
         capture: Option<Capture>,
     ) -> Result<Result<(), Collision>, Aborted> {
-        match self.round(rank, Arrival::Report { metrics, capture }) {
+        match self.round(rank, Arrival::Report { metrics, capture }).await {
             Ok(Outcome::Recorded) => Ok(Ok(())),
             Ok(Outcome::Refused(collision)) => Ok(Err(collision)),
             // A report has no error for a mismatch: the rank is stopped,
@@ -72,9 +72,13 @@ impl Shared {
 
     /// Rank `rank`'s part of the next collective call of the `collective`
     /// interface.
-    pub(super) fn collective(&self, rank: u32, call: Call) -> Result<Delivered, CollectiveError> {
-        match self.round(rank, Arrival::Collective(call)) {
-            Ok(Outcome::Exchanged(exchange)) => Ok(exchange.deliver(rank as usize)),
+    pub(super) async fn collective(
+        &self,
+        rank: u32,
+        call: Call,
+    ) -> Result<Delivered, CollectiveError> {
+        match self.round(rank, Arrival::Collective(call)).await {
+            Ok(Outcome::Exchanged(exchange)) => Ok(exchange.deliver(rank as usize).await),
             Ok(Outcome::Invalid(message)) => Err(CollectiveError::Invalid(message)),
             Err(Some(violation)) => Err(CollectiveError::Mismatch(violation.to_string())),
             Ok(_) | Err(None) => Err(CollectiveError::Aborted(self.stop_reason())),
@@ -84,13 +88,14 @@ impl Shared {
     /// Arrive for the next round and wait for its outcome. `Err` when the
     /// attempt is stopping: with the violation if the ranks broke the
     /// protocol (the run is failed with it).
-    fn round(&self, rank: u32, arrival: Arrival) -> Result<Outcome, Option<Violation>> {
+    async fn round(&self, rank: u32, arrival: Arrival) -> Result<Outcome, Option<Violation>> {
         self.supervisor.alive(rank);
         // Waiting for slower ranks is not stalling.
         self.supervisor.waiting(rank, true);
         let outcome = self
             .gate
-            .arrive(rank as usize, arrival, |gathered| self.lead(gathered));
+            .arrive(rank as usize, arrival, |gathered| self.lead(gathered))
+            .await;
         self.supervisor.waiting(rank, false);
         self.supervisor.alive(rank);
         match outcome {

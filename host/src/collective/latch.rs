@@ -1,40 +1,27 @@
 //! A count-down latch for the ranks sharing a split all-reduce.
 //!
 //! The work between the ranks' arrival and the latch is the same size for
-//! every rank and runs on host threads that cannot be stopped midway, so a
-//! wait here is short and needs no timeout or abort: a waiter spins (or
-//! yields, when ranks outnumber cores) for a moment, then parks until the
-//! last rank wakes exactly the parked threads.
+//! every rank and cannot be stopped midway, so a wait here is short and
+//! needs no timeout or abort. A waiter is a future: ranks sharing an
+//! executor thread combine their slices in turn while the others wait (see
+//! `crate::executor`), and the last rank wakes exactly the waiting ones.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::thread::Thread;
-use std::time::{Duration, Instant};
+use std::task::{Poll, Waker};
 
-/// How long a waiter waits actively before parking.
-const ACTIVE_WAIT: Duration = Duration::from_micros(50);
-
-/// The cores this process may use, read once: `available_parallelism`
-/// reads the cgroup's limits from files each time it is called, which
-/// costs more than a small collective.
-pub(crate) fn cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
-}
+use crate::executor;
 
 pub(super) struct Latch {
     remaining: AtomicUsize,
-    parked: Mutex<Vec<Thread>>,
-    /// Whether waiters spin (every rank has a core) or yield.
-    spin: bool,
+    waiting: Mutex<Vec<Waker>>,
 }
 
 impl Latch {
     pub fn new(count: usize) -> Self {
         Self {
             remaining: AtomicUsize::new(count),
-            parked: Mutex::new(Vec::new()),
-            spin: count <= cores(),
+            waiting: Mutex::new(Vec::new()),
         }
     }
 
@@ -46,38 +33,34 @@ impl Latch {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             // Taken under the lock: a waiter registers under it after
             // seeing work remaining, so none is missed.
-            let parked = std::mem::take(&mut *self.lock());
-            for t in parked {
-                t.unpark();
+            let waiting = std::mem::take(&mut *self.lock());
+            for w in waiting {
+                w.wake();
             }
         }
     }
 
     /// Wait until the count reaches zero.
-    pub fn wait(&self) {
-        let until = Instant::now() + ACTIVE_WAIT;
-        while !self.done() && Instant::now() < until {
-            if self.spin {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        {
-            let mut parked = self.lock();
+    pub async fn wait(&self) {
+        std::future::poll_fn(|cx| {
             if self.done() {
-                return;
+                return Poll::Ready(());
             }
-            parked.push(std::thread::current());
-        }
-        // Woken spuriously or not: the count says.
-        while !self.done() {
-            std::thread::park();
-        }
+            let mut waiting = self.lock();
+            if self.done() {
+                return Poll::Ready(());
+            }
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+            executor::waiting_briefly();
+            Poll::Pending
+        })
+        .await
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Thread>> {
-        self.parked.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waker>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -96,7 +79,7 @@ mod tests {
                         let latch = Arc::clone(&latch);
                         std::thread::spawn(move || {
                             latch.count_down();
-                            latch.wait();
+                            futures::executor::block_on(latch.wait());
                             assert!(latch.done());
                         })
                     })

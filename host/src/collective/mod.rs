@@ -8,9 +8,10 @@
 //! host memory, and an all-reduce combines those buffers in place, so each
 //! rank's buffer holds the result it returns to be lowered into the guest.
 //!
-//! A large all-reduce is split across the ranks' own threads (each combines
-//! one slice of every buffer and writes it to every buffer: reduce-scatter
-//! and all-gather in one pass) instead of one thread reducing everything.
+//! A large all-reduce is split between the ranks (each combines one slice
+//! of every buffer and writes it to every buffer: reduce-scatter and
+//! all-gather in one pass, in parallel on as many threads as the ranks run
+//! on) instead of one rank reducing everything.
 //! Values are combined in rank order whichever thread combines them, so a
 //! result is bit-identical on every rank and from run to run.
 
@@ -19,7 +20,6 @@ mod reduce;
 
 use std::sync::Arc;
 
-pub(crate) use latch::cores;
 pub(crate) use reduce::Reduction;
 
 /// How an all-reduce combines values.
@@ -268,12 +268,12 @@ pub(crate) fn meet(calls: Vec<Call>, max_memory: Option<u64>) -> Result<Exchange
 impl Exchange {
     /// Rank `rank`'s result: its part of a split all-reduce is done on the
     /// calling thread, which then waits for the other ranks' parts.
-    pub fn deliver(self: Arc<Self>, rank: usize) -> Delivered {
+    pub async fn deliver(self: Arc<Self>, rank: usize) -> Delivered {
         match &*self {
             Exchange::Barrier => Delivered::Done,
             Exchange::Broadcast(data) => Delivered::Bytes(data.clone()),
             Exchange::AllGather(pieces) => Delivered::Pieces(pieces.clone()),
-            Exchange::AllReduce(reduction) => Delivered::Values(reduction.deliver(rank)),
+            Exchange::AllReduce(reduction) => Delivered::Values(reduction.deliver(rank).await),
         }
     }
 }

@@ -189,13 +189,13 @@ impl Reduction {
 
     /// Rank `rank`'s result: its slice combined on this thread if the work
     /// is split, once every slice is.
-    pub fn deliver(&self, rank: usize) -> Values {
+    pub async fn deliver(&self, rank: usize) -> Values {
         if let Some(pending) = &self.pending {
             // SAFETY: each rank combines only its own slice, and the slices
             // are disjoint.
             unsafe { self.combine_range(self.slice_of(rank)) };
             pending.count_down();
-            pending.wait();
+            pending.wait().await;
         }
         // SAFETY: every slice has been written (above, or before the
         // reduction was shared), so no thread uses the element pointers any
@@ -273,7 +273,6 @@ fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     /// The reference: every element combined in rank order, one at a time.
     fn reference(inputs: &[Vec<f32>], op: Op) -> Vec<f32> {
@@ -306,20 +305,38 @@ mod tests {
             .collect()
     }
 
-    /// Run the reduction as the ranks do: each on its own thread.
+    /// Run the reduction as the ranks do: as tasks on at most two executor
+    /// threads, so that ranks sharing a thread wait for each other.
     fn run(inputs: &[Vec<f32>], op: Op) -> Vec<Vec<f32>> {
+        let ranks = inputs.len();
         let values = inputs.iter().cloned().map(Values::F32).collect();
-        let reduction = Arc::new(Reduction::new(values, op));
-        let threads: Vec<_> = (0..inputs.len())
-            .map(|r| {
-                let reduction = Arc::clone(&reduction);
-                std::thread::spawn(move || match reduction.deliver(r) {
-                    Values::F32(v) => v,
-                    other => panic!("{other:?}"),
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap()).collect()
+        let reduction = Reduction::new(values, op);
+        let results: Vec<std::sync::Mutex<Vec<f32>>> =
+            (0..ranks).map(|_| Default::default()).collect();
+        let threads = ranks.min(2);
+        let idle = crate::executor::IdleWait::new(threads);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (reduction, results, idle) = (&reduction, &results, &idle);
+                s.spawn(move || {
+                    let tasks = (t..ranks).step_by(threads).map(|r| {
+                        let task: std::pin::Pin<Box<dyn Future<Output = ()> + '_>> =
+                            Box::pin(async move {
+                                match reduction.deliver(r).await {
+                                    Values::F32(v) => *results[r].lock().unwrap() = v,
+                                    other => panic!("{other:?}"),
+                                }
+                            });
+                        (r, task)
+                    });
+                    crate::executor::run(tasks, idle, |r, m| panic!("rank {r}: {m}"));
+                });
+            }
+        });
+        results
+            .into_iter()
+            .map(|r| r.into_inner().unwrap())
+            .collect()
     }
 
     #[test]

@@ -5,8 +5,15 @@ wasmtime::component::bindgen!({
     path: "../wit",
     world: "trainer",
     // Every import may trap: that is how a rank is stopped when the run
-    // fails elsewhere while it waits in `report`.
-    imports: { default: trappable },
+    // fails elsewhere while it waits in `report`. The calls that wait for
+    // the other ranks are async, so that ranks sharing a thread take turns
+    // while they wait (see `crate::executor`).
+    imports: {
+        "trainhost:train/session.report": async | trappable,
+        "trainhost:train/session.report-handing-over": async | trappable,
+        "trainhost:train/collective": async | trappable,
+        default: trappable,
+    },
     // `train` is called asynchronously, so that a stopping attempt can drop
     // the call wherever the guest waits in WASI (see `rank.rs`).
     exports: { default: async },

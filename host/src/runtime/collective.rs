@@ -11,7 +11,7 @@ impl RankState {
     /// Make `call` and take its result apart with `take`. A rank told once
     /// that the run is stopping is stopped by its next call (R31): a guest
     /// that ignores the error cannot keep calling.
-    fn collective<T>(
+    async fn collective<T>(
         &mut self,
         call: Call,
         take: impl FnOnce(Delivered) -> Option<T>,
@@ -19,7 +19,7 @@ impl RankState {
         if self.told_to_stop {
             return Err(wasmtime::Error::new(StoppedByHost));
         }
-        match self.attempt.collective(call) {
+        match self.attempt.collective(call).await {
             Ok(delivered) => match take(delivered) {
                 Some(result) => Ok(Ok(result)),
                 // The attempt answers each call with its own kind of result.
@@ -50,20 +50,22 @@ fn op(op: ReduceOp) -> Op {
 }
 
 impl collective::Host for RankState {
-    fn barrier(&mut self) -> Answer<()> {
+    async fn barrier(&mut self) -> Answer<()> {
         self.collective(Call::Barrier, |d| {
             matches!(d, Delivered::Done).then_some(())
         })
+        .await
     }
 
-    fn broadcast(&mut self, data: Vec<u8>, root: u32) -> Answer<Vec<u8>> {
+    async fn broadcast(&mut self, data: Vec<u8>, root: u32) -> Answer<Vec<u8>> {
         self.collective(Call::Broadcast { data, root }, |d| match d {
             Delivered::Bytes(b) => Some(b),
             _ => None,
         })
+        .await
     }
 
-    fn all_reduce_f32(&mut self, data: Vec<f32>, o: ReduceOp) -> Answer<Vec<f32>> {
+    async fn all_reduce_f32(&mut self, data: Vec<f32>, o: ReduceOp) -> Answer<Vec<f32>> {
         let call = Call::AllReduce {
             values: Values::F32(data),
             op: op(o),
@@ -72,9 +74,10 @@ impl collective::Host for RankState {
             Delivered::Values(Values::F32(v)) => Some(v),
             _ => None,
         })
+        .await
     }
 
-    fn all_reduce_f64(&mut self, data: Vec<f64>, o: ReduceOp) -> Answer<Vec<f64>> {
+    async fn all_reduce_f64(&mut self, data: Vec<f64>, o: ReduceOp) -> Answer<Vec<f64>> {
         let call = Call::AllReduce {
             values: Values::F64(data),
             op: op(o),
@@ -83,9 +86,10 @@ impl collective::Host for RankState {
             Delivered::Values(Values::F64(v)) => Some(v),
             _ => None,
         })
+        .await
     }
 
-    fn all_reduce_s64(&mut self, data: Vec<i64>, o: ReduceOp) -> Answer<Vec<i64>> {
+    async fn all_reduce_s64(&mut self, data: Vec<i64>, o: ReduceOp) -> Answer<Vec<i64>> {
         let call = Call::AllReduce {
             values: Values::S64(data),
             op: op(o),
@@ -94,12 +98,14 @@ impl collective::Host for RankState {
             Delivered::Values(Values::S64(v)) => Some(v),
             _ => None,
         })
+        .await
     }
 
-    fn all_gather(&mut self, data: Vec<u8>) -> Answer<Vec<Vec<u8>>> {
+    async fn all_gather(&mut self, data: Vec<u8>) -> Answer<Vec<Vec<u8>>> {
         self.collective(Call::AllGather { data }, |d| match d {
             Delivered::Pieces(p) => Some(p),
             _ => None,
         })
+        .await
     }
 }

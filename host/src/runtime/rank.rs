@@ -36,8 +36,6 @@ pub(crate) struct RankShared {
     pub run_name: Arc<str>,
     pub output: Arc<dyn OutputSink>,
     pub limits: ResourceLimits,
-    /// The run's I/O runtime: WASI's timers and file operations run on it.
-    pub io: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for dyn OutputSink {
@@ -117,20 +115,20 @@ impl context::Host for RankState {
 }
 
 impl session::Host for RankState {
-    fn report(
+    async fn report(
         &mut self,
         metrics: Vec<session::Metric>,
         checkpoint: Option<String>,
     ) -> wasmtime::Result<Result<(), session::ReportError>> {
-        self.report_with(metrics, checkpoint, false)
+        self.report_with(metrics, checkpoint, false).await
     }
 
-    fn report_handing_over(
+    async fn report_handing_over(
         &mut self,
         metrics: Vec<session::Metric>,
         checkpoint: String,
     ) -> wasmtime::Result<Result<(), session::ReportError>> {
-        self.report_with(metrics, Some(checkpoint), true)
+        self.report_with(metrics, Some(checkpoint), true).await
     }
 
     fn preemption_requested(&mut self) -> wasmtime::Result<bool> {
@@ -146,7 +144,7 @@ impl session::Host for RankState {
 
 impl RankState {
     /// `report`, or with `hand_over`, `report-handing-over`.
-    fn report_with(
+    async fn report_with(
         &mut self,
         metrics: Vec<session::Metric>,
         checkpoint: Option<String>,
@@ -186,7 +184,7 @@ impl RankState {
                 Err(e) => return Ok(Err(ReportError::InvalidCheckpoint(e.to_string()))),
             },
         };
-        match self.attempt.report(metrics, reported) {
+        match self.attempt.report(metrics, reported).await {
             Ok(Ok(())) => Ok(Ok(())),
             Ok(Err(refused)) => Ok(Err(report_error(refused))),
             Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
@@ -213,9 +211,13 @@ pub(crate) struct RankDirs<'a> {
     pub restore: &'a Path,
 }
 
-/// Run one rank to completion on the calling thread, and tell its attempt
-/// how it ended.
-pub(crate) fn run_rank(
+/// Run one rank to completion, and tell its attempt how it ended.
+///
+/// The rank is a future polled by the attempt's executor, inside the run's
+/// I/O runtime: guest code runs inside its `poll`, and where the guest
+/// waits (in WASI, or for the other ranks in a collective call) the future
+/// is pending and the thread runs other ranks.
+pub(crate) async fn run_rank(
     guest: &GuestComponent,
     info: RankInfo,
     shared: RankShared,
@@ -244,9 +246,8 @@ pub(crate) fn run_rank(
         Arc::clone(&shared.output),
         output_limits,
     );
-    let io = shared.io.clone();
     let ended = match build_state(info, shared, &dirs, attempt.clone(), &stdout, &stderr) {
-        Ok(state) => run_train(guest, state, &io, attempt.stopping()),
+        Ok(state) => run_train(guest, state, attempt.stopping()).await,
         Err(e) => Ended::Other(RankEnd::Failed(RunFailure {
             rank: Some(rank),
             kind: FailureKind::Trap,
@@ -326,31 +327,22 @@ enum Ended {
 /// Instantiate and call `train` until it returns or `stopping` resolves;
 /// how the rank ended.
 ///
-/// The call is a future polled on this thread: guest code runs inside its
-/// `poll`, and where the guest waits in WASI (a sleep, a poll on a clock)
-/// the future is pending. When the attempt stops, the future is dropped,
-/// which unwinds the guest from where it waits. A guest computing is
-/// stopped by the epoch check (or, without epochs, at its next call to the
-/// host); one waiting for the other ranks in `report` by the gate.
-///
-/// The run's I/O runtime is entered, not run, on this thread: WASI's
-/// timers and file operations find it, and the trainhost imports may still
-/// block on it, as they do without async.
-fn run_train(
+/// Where the guest waits in WASI (a sleep, a poll on a clock) the call is
+/// pending. When the attempt stops, the call is dropped, which unwinds the
+/// guest from where it waits. A guest computing is stopped by the epoch
+/// check (or, without epochs, at its next call to the host); one waiting
+/// for the other ranks in a collective call by the gate.
+async fn run_train(
     guest: &GuestComponent,
     state: RankState,
-    io: &tokio::runtime::Handle,
     stopping: impl Future<Output = ()>,
 ) -> Ended {
-    let _io = io.enter();
-    futures::executor::block_on(async {
-        let train = std::pin::pin!(call_train(guest, state));
-        match futures::future::select(train, std::pin::pin!(stopping)).await {
-            Either::Left((end, _)) => end,
-            // The call is dropped at the end of this arm.
-            Either::Right(((), _)) => Ended::Other(RankEnd::Stopped),
-        }
-    })
+    let train = std::pin::pin!(call_train(guest, state));
+    match futures::future::select(train, std::pin::pin!(stopping)).await {
+        Either::Left((end, _)) => end,
+        // The call is dropped at the end of this arm.
+        Either::Right(((), _)) => Ended::Other(RankEnd::Stopped),
+    }
 }
 
 /// Instantiate and call `train`; how the rank ended.
@@ -367,14 +359,15 @@ async fn call_train(guest: &GuestComponent, state: RankState) -> Ended {
     store.limiter(|s| &mut s.memory);
     // Checked on every epoch tick: a rank computing while another failed is
     // interrupted instead of running on (gang stop, R19). Without epochs a
-    // rank stops at its next call to the host.
+    // rank stops at its next call to the host. A rank that goes on yields
+    // its thread, so that ranks sharing it take turns (R34).
     if guest.interruption().uses_epochs() {
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|ctx| {
             Ok(if ctx.data().attempt.is_stopping() {
                 UpdateDeadline::Interrupt
             } else {
-                UpdateDeadline::Continue(1)
+                UpdateDeadline::Yield(1)
             })
         });
     }

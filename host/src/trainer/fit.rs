@@ -137,7 +137,6 @@ fn fit_owned(
             run_name: run_name.clone().into(),
             output: Arc::clone(&trainer.output),
             limits: run.limits.clone(),
-            io: rt.handle().clone(),
         },
         world_size,
     };
@@ -260,7 +259,13 @@ impl Gang<'_> {
                 scratch: &scratch[rank as usize],
                 restore: self.restore_root,
             };
-            run_rank(self.guest, info, self.shared.clone(), dirs, handle);
+            Box::pin(run_rank(
+                self.guest,
+                info,
+                self.shared.clone(),
+                dirs,
+                handle,
+            ))
         });
         drop(ticker);
         Ok(ended)

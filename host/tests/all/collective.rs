@@ -33,7 +33,7 @@ fn reduce<T: Copy>(
 }
 
 /// The line the guest prints for an all-reduce of `dtype` with `op`.
-fn expected(ranks: u32, dtype: &str, op: &str, len: usize) -> String {
+pub(crate) fn expected(ranks: u32, dtype: &str, op: &str, len: usize) -> String {
     let bytes: Vec<u8> = match dtype {
         "f32" => {
             let of = |r, i| value(r, i) as f32 / 7.0 - 60.0;

@@ -22,5 +22,6 @@ mod restore;
 mod resume;
 mod retention;
 mod servers;
+mod sharing;
 mod util;
 mod workdir;
