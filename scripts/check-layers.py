@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parent.parent / "host" / "src"
 # Bottom first. The binary (bin/) and the crate root (lib.rs) sit above all.
 LAYERS = [
     ["error", "metrics", "failure", "preemption", "alloc", "executor"],
-    ["config"],
+    ["config", "cluster"],
     ["storage", "collective"],
     ["record"],
     ["persist", "checkpoint", "sync", "owner"],

@@ -2,7 +2,8 @@
 # Run every test: unit tests, the integration tests (which compile the test
 # guests and the example from source for wasm32-wasip2, and start S3, GCS
 # and Azure emulators on loopback), the embedding example's test and the doc
-# tests. Extra arguments go to `cargo test`.
+# tests. Extra arguments go to `cargo test`. Installs MPICH's mpiexec
+# with apt-get when it is missing and this user may.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,12 @@ if servers=$(scripts/install-test-servers.sh); then
     eval "$servers"
 else
     echo "warning: could not install the storage test servers; their tests will be skipped" >&2
+fi
+
+# The launch tests run a real mpiexec; they skip (saying so) without one,
+# and CI sets TRAINHOST_REQUIRE_MPI=1 to fail instead.
+if ! scripts/install-mpi.sh; then
+    echo "warning: could not install MPICH; the mpiexec tests will be skipped" >&2
 fi
 
 # Cloud clients must never reach for real credentials or metadata services.

@@ -133,6 +133,21 @@ pub enum Error {
         "Trainer::fit blocks and was called from inside an async runtime; call it through tokio::task::spawn_blocking"
     )]
     InsideAsyncRuntime,
+
+    /// This process is one of several that a launcher (`mpiexec`, `srun`)
+    /// started for one job. Each would run the whole run on its own, so
+    /// the run is refused instead of being trained several times over.
+    #[error(
+        "this trainhost is process {index} of {processes} started by {launcher}, but a run of this version lives in one process: its ranks are the --workers of that process. start trainhost once, not under {launcher}, with --workers set to the ranks you want"
+    )]
+    SeveralProcesses {
+        /// This process's index among them.
+        index: u32,
+        /// How many processes the launcher started.
+        processes: u32,
+        /// The launcher, as its environment told it.
+        launcher: &'static str,
+    },
 }
 
 /// `e` and its sources, `: `-separated, for messages that cross into a

@@ -52,6 +52,7 @@ mod attempt;
 #[doc(hidden)]
 pub mod bench;
 mod checkpoint;
+mod cluster;
 mod collective;
 mod config;
 mod error;

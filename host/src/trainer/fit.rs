@@ -29,6 +29,7 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(Error::InsideAsyncRuntime);
     }
+    crate::cluster::check_single_process()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("trainhost-io")

@@ -11,6 +11,7 @@ mod example;
 mod failures;
 mod fuzz_corpus;
 mod hand_over;
+mod launch;
 mod limits;
 mod outages;
 mod owner;
