@@ -17,10 +17,12 @@
 
 mod latch;
 mod reduce;
+mod span;
 
 use std::sync::Arc;
 
 pub(crate) use reduce::Reduction;
+pub(crate) use span::{combine_in_order, partial};
 
 /// How an all-reduce combines values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +53,7 @@ pub(crate) enum Values {
 }
 
 impl Values {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Values::F32(v) => v.len(),
             Values::F64(v) => v.len(),
@@ -67,7 +69,7 @@ impl Values {
         }
     }
 
-    fn element_size(&self) -> u64 {
+    pub(crate) fn element_size(&self) -> u64 {
         match self {
             Values::F32(_) => 4,
             Values::F64(_) | Values::S64(_) => 8,
@@ -98,6 +100,11 @@ impl Call {
             ),
             Call::AllGather { data } => format!("all-gather of {} bytes", data.len()),
         }
+    }
+
+    /// [`Self::signature`] as text, to compare calls on several nodes.
+    pub fn signature_text(&self) -> String {
+        format!("{:?}", self.signature())
     }
 
     /// What every rank's call must agree on: all of it but for all-gather,
@@ -172,6 +179,9 @@ pub(crate) enum Exchange {
     AllReduce(Reduction),
     /// Every rank's data, by rank.
     AllGather(Vec<Vec<u8>>),
+    /// An all-reduce combined elsewhere (across nodes): every rank gets
+    /// this result.
+    Reduced(Values),
 }
 
 /// The largest result a rank can take without a memory limit: a wasm32
@@ -193,7 +203,6 @@ pub(crate) fn meet(calls: Vec<Call>, max_memory: Option<u64>) -> Result<Exchange
         return Err(Unmet::Mismatch(each.join(", ")));
     }
     let ranks = calls.len() as u64;
-    let limit = max_memory.unwrap_or(ADDRESSABLE).min(ADDRESSABLE);
     let result_bytes = match &calls[0] {
         Call::Barrier => 0,
         Call::Broadcast { root, .. } => match calls.get(*root as usize) {
@@ -214,18 +223,8 @@ pub(crate) fn meet(calls: Vec<Call>, max_memory: Option<u64>) -> Result<Exchange
             })
             .sum(),
     };
-    if result_bytes > limit {
-        return Err(Unmet::Invalid(format!(
-            "the result of {} would take {} in every rank, over the ranks' memory limit of {} ({}); send less data per call",
-            calls[0].describe(),
-            crate::config::human_bytes(result_bytes),
-            crate::config::human_bytes(limit),
-            if max_memory.is_some_and(|m| m < ADDRESSABLE) {
-                "--max-memory"
-            } else {
-                "a wasm32 guest's address space"
-            },
-        )));
+    if let Some(message) = too_large(&calls[0].describe(), result_bytes, max_memory) {
+        return Err(Unmet::Invalid(message));
     }
     Ok(match &calls[0] {
         Call::Barrier => Exchange::Barrier,
@@ -265,6 +264,25 @@ pub(crate) fn meet(calls: Vec<Call>, max_memory: Option<u64>) -> Result<Exchange
     })
 }
 
+/// Why a result of `bytes` cannot be handed to every rank (R32), if it
+/// cannot: over the memory limit (`max_memory`, else a wasm32 guest's
+/// 4 GiB).
+pub(crate) fn too_large(call: &str, bytes: u64, max_memory: Option<u64>) -> Option<String> {
+    let limit = max_memory.unwrap_or(ADDRESSABLE).min(ADDRESSABLE);
+    (bytes > limit).then(|| {
+        format!(
+            "the result of {call} would take {} in every rank, over the ranks' memory limit of {} ({}); send less data per call",
+            crate::config::human_bytes(bytes),
+            crate::config::human_bytes(limit),
+            if max_memory.is_some_and(|m| m < ADDRESSABLE) {
+                "--max-memory"
+            } else {
+                "a wasm32 guest's address space"
+            },
+        )
+    })
+}
+
 impl Exchange {
     /// Rank `rank`'s result: its part of a split all-reduce is done on the
     /// calling thread, which then waits for the other ranks' parts.
@@ -274,6 +292,7 @@ impl Exchange {
             Exchange::Broadcast(data) => Delivered::Bytes(data.clone()),
             Exchange::AllGather(pieces) => Delivered::Pieces(pieces.clone()),
             Exchange::AllReduce(reduction) => Delivered::Values(reduction.deliver(rank).await),
+            Exchange::Reduced(values) => Delivered::Values(values.clone()),
         }
     }
 }

@@ -32,7 +32,7 @@ const BLOCK: usize = 2048;
 const ALIGN: usize = 16;
 
 /// A value all-reduce can combine.
-trait Element: Copy + Default + Send + Sync + 'static {
+pub(super) trait Element: Copy + Default + Send + Sync + 'static {
     fn sum(a: Self, b: Self) -> Self;
     fn min(a: Self, b: Self) -> Self;
     fn max(a: Self, b: Self) -> Self;
@@ -264,7 +264,7 @@ unsafe fn combine<T: Element>(ptrs: &[*mut T], range: Range<usize>, op: Op) {
 
 /// `acc[i] = f(acc[i], next[i])`, inlined for each `f`.
 #[inline(always)]
-fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T) {
+pub(super) fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T) {
     for (a, b) in acc.iter_mut().zip(next) {
         *a = f(*a, *b);
     }

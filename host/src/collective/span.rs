@@ -1,0 +1,125 @@
+//! Collectives whose ranks live on several nodes: what a node sends for
+//! its ranks, and how node 0 combines what the nodes sent.
+//!
+//! An all-reduce is hierarchical, as Horovod's is: each node combines its
+//! own ranks' buffers in rank order into one partial result, node 0
+//! combines the nodes' partials in node order, and every rank gets that
+//! result. It is combined once, on node 0, so it is bit-identical on every
+//! rank (though the bracketing differs from one node's rank order). A mean
+//! is summed throughout and divided once, by the number of all ranks.
+
+use super::reduce::{Element, fold};
+use super::{Op, Values};
+
+/// How a node's partial result is combined: a mean is a sum until the end.
+fn partial_op(op: Op) -> Op {
+    if op == Op::Mean { Op::Sum } else { op }
+}
+
+/// Combine `parts` (equal types and lengths) in order with `op`, then
+/// divide a mean by `ranks`.
+pub(crate) fn combine_in_order(parts: Vec<Values>, op: Op, ranks: usize) -> Values {
+    let mut parts = parts.into_iter();
+    let first = parts.next().expect("at least one part");
+    let op_now = partial_op(op);
+    macro_rules! go {
+        ($variant:ident, $acc:ident) => {{
+            let mut acc = $acc;
+            for part in parts {
+                let Values::$variant(next) = part else {
+                    unreachable!("types checked before combining")
+                };
+                combine(&mut acc, &next, op_now);
+            }
+            if op == Op::Mean {
+                for a in acc.iter_mut() {
+                    *a = Element::mean(*a, ranks);
+                }
+            }
+            Values::$variant(acc)
+        }};
+    }
+    match first {
+        Values::F32(acc) => go!(F32, acc),
+        Values::F64(acc) => go!(F64, acc),
+        Values::S64(acc) => go!(S64, acc),
+    }
+}
+
+/// Combine one node's ranks into its partial result (a mean stays a sum).
+pub(crate) fn partial(values: Vec<Values>, op: Op) -> Values {
+    combine_in_order(values, partial_op(op), 1)
+}
+
+fn combine<T: Element>(acc: &mut [T], next: &[T], op: Op) {
+    match op {
+        Op::Sum | Op::Mean => fold(acc, next, T::sum),
+        Op::Min => fold(acc, next, T::min),
+        Op::Max => fold(acc, next, T::max),
+    }
+}
+
+impl Values {
+    /// The values as little-endian bytes, to send to another node.
+    pub(crate) fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            Values::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Values::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Values::S64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+
+    /// Values of the same type as `like` from little-endian `bytes`; `None`
+    /// if the length does not fit the type.
+    pub(crate) fn from_le_bytes(like: &Values, bytes: &[u8]) -> Option<Values> {
+        Some(match like {
+            Values::F32(_) => Values::F32(chunks(bytes, f32::from_le_bytes)?),
+            Values::F64(_) => Values::F64(chunks(bytes, f64::from_le_bytes)?),
+            Values::S64(_) => Values::S64(chunks(bytes, i64::from_le_bytes)?),
+        })
+    }
+}
+
+fn chunks<T, const N: usize>(bytes: &[u8], f: fn([u8; N]) -> T) -> Option<Vec<T>> {
+    if !bytes.len().is_multiple_of(N) {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(N)
+            .map(|c| f(c.try_into().expect("N bytes")))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mean_is_summed_across_nodes_and_divided_once() {
+        let node =
+            |a: f32, b: f32| partial(vec![Values::F32(vec![a]), Values::F32(vec![b])], Op::Mean);
+        let result = combine_in_order(vec![node(1.0, 2.0), node(3.0, 6.0)], Op::Mean, 4);
+        assert_eq!(result, Values::F32(vec![3.0]));
+        let max = combine_in_order(
+            vec![Values::S64(vec![1, 9]), Values::S64(vec![5, 2])],
+            Op::Max,
+            2,
+        );
+        assert_eq!(max, Values::S64(vec![5, 9]));
+    }
+
+    #[test]
+    fn values_cross_the_wire_unchanged() {
+        for v in [
+            Values::F32(vec![1.5, -0.0, f32::NAN]),
+            Values::F64(vec![2.25, f64::INFINITY]),
+            Values::S64(vec![i64::MIN, 7]),
+        ] {
+            let back = Values::from_le_bytes(&v, &v.to_le_bytes()).unwrap();
+            assert_eq!(format!("{back:?}"), format!("{v:?}"));
+        }
+        assert!(Values::from_le_bytes(&Values::F64(vec![]), &[0; 5]).is_none());
+    }
+}
