@@ -135,10 +135,11 @@ pub enum Error {
     InsideAsyncRuntime,
 
     /// This process is one of several that a launcher (`mpiexec`, `srun`)
-    /// started for one job. Each would run the whole run on its own, so
-    /// the run is refused instead of being trained several times over.
+    /// started for one job, and trainhost was built without the `mpi`
+    /// feature. Each would run the whole run on its own, so the run is
+    /// refused instead of being trained several times over.
     #[error(
-        "this trainhost is process {index} of {processes} started by {launcher}, but a run of this version lives in one process: its ranks are the --workers of that process. start trainhost once, not under {launcher}, with --workers set to the ranks you want"
+        "this trainhost is process {index} of {processes} started by {launcher}, but it was built without the `mpi` feature, so a run lives in one process: start trainhost once, not under {launcher}, with --workers set to the ranks you want, or build trainhost with `--features mpi` to run one trainhost per node"
     )]
     SeveralProcesses {
         /// This process's index among them.
@@ -148,6 +149,12 @@ pub enum Error {
         /// The launcher, as its environment told it.
         launcher: &'static str,
     },
+
+    /// The nodes of a run over several hosts could not agree to start: a
+    /// node's settings, guest or storage differ from node 0's, or MPI
+    /// could not be set up.
+    #[error("{0}")]
+    Cluster(String),
 }
 
 /// `e` and its sources, `: `-separated, for messages that cross into a

@@ -42,6 +42,9 @@
 //!
 //! - `cli` (default): the `trainhost` command line. An embedder depends on
 //!   the library with `default-features = false`.
+//! - `mpi`: runs over several hosts, one trainhost per node under
+//!   `mpiexec` or `srun` (the `mpi` crate over the system's MPI; building
+//!   needs its headers and libclang).
 //! - `bench`, `fuzzing`: entry points for the repository's benchmark suite
 //!   and fuzz targets; not a public API.
 #![deny(missing_docs)]

@@ -48,6 +48,11 @@ pub struct TrainResult {
     /// to resume. A request no rank heard of before finishing leaves this
     /// false: the work is done.
     pub preempted: bool,
+    /// In a run over several hosts, this process's node, of how many:
+    /// node 0 holds the run's record, and its result lists the history and
+    /// the checkpoints; another node's result carries only the run's name,
+    /// path, failure count, error and preemption. `(0, 1)` on one host.
+    pub node: (u32, u32),
 }
 
 impl TrainResult {
@@ -73,6 +78,8 @@ impl TrainResult {
             "failures": self.failures,
             "failure_history": self.failure_history.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "preempted": self.preempted,
+            "node": self.node.0,
+            "nodes": self.node.1,
             "error": self.error.as_ref().map(|e| json!({
                 "rank": e.rank,
                 "kind": format!("{:?}", e.kind),

@@ -102,6 +102,11 @@ impl Violation {
     pub fn new(message: String) -> Self {
         Self(message)
     }
+
+    /// The message without the prefix the display adds.
+    pub fn message(&self) -> &str {
+        &self.0
+    }
 }
 
 impl<A: Describe, O: Clone> ReportGate<A, O> {
@@ -244,6 +249,11 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             Poll::Pending
         })
         .await
+    }
+
+    /// How long a rank waits for the others.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// The number of completed rounds.

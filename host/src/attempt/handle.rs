@@ -36,6 +36,15 @@ pub(crate) enum Refused {
     /// The directory could not be handed over (`report-handing-over`).
     #[error(transparent)]
     HandOver(Box<dyn std::error::Error + Send + Sync>),
+    /// A rank on a node other than node 0 reported checkpoint files.
+    #[error(
+        "{path}: this rank runs on node {node}, and in a run over several hosts only the ranks on node 0 report checkpoint files for now; report the checkpoint from rank 0 (data-parallel ranks hold the same state) and metrics from every rank"
+    )]
+    NotOnNodeZero { path: String, node: u32 },
+    /// Node 0 refused the report (ranks wrote different bytes under one
+    /// path, R7).
+    #[error("{0}")]
+    Elsewhere(String),
 }
 
 /// Moves the directory a guest named (its path as the guest wrote it) out
@@ -102,7 +111,7 @@ impl RankHandle {
     /// Refuse metrics the run cannot rank (R17), before anything else of a
     /// report is looked at.
     pub fn check_metrics(&self, metrics: &Metrics) -> Result<(), Refused> {
-        Ok(self.attempt.ledger.retention().check_metrics(metrics)?)
+        Ok(self.attempt.retention.check_metrics(metrics)?)
     }
 
     /// The rank's part of the next collective report (R6), with the
@@ -114,6 +123,14 @@ impl RankHandle {
         metrics: Metrics,
         checkpoint: Option<Reported<'_>>,
     ) -> Result<Result<(), Refused>, Aborted> {
+        if let (Some(reported), Some(span)) = (&checkpoint, &self.attempt.span)
+            && span.link.index() != 0
+        {
+            return Ok(Err(Refused::NotOnNodeZero {
+                path: reported.shown.to_owned(),
+                node: span.link.index(),
+            }));
+        }
         let capture = match checkpoint {
             None => None,
             Some(reported) => match self.capture(reported) {
@@ -122,11 +139,7 @@ impl RankHandle {
             },
         };
         self.attempt.supervisor.count_report(self.rank);
-        Ok(self
-            .attempt
-            .report(self.rank, metrics, capture)
-            .await?
-            .map_err(Refused::from))
+        self.attempt.report(self.rank, metrics, capture).await
     }
 
     fn capture(&self, reported: Reported<'_>) -> Result<crate::persist::Capture, Refused> {

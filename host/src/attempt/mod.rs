@@ -23,12 +23,12 @@
 //! the recorder through the watcher thread, which holds the attempt's
 //! shared state beside the ranks.
 //!
-//! A failure on another node, once runs span several hosts, will enter the
-//! same way: a second thread beside the ranks, like the watcher, receives
-//! the remote `RunFailure` from the node's communication layer and calls
-//! `fail` with it, while the local attempt's first failure is sent to the
-//! other nodes. Ranks blocked waiting for remote shards or collective
-//! results are woken like ranks blocked in the report gate.
+//! When a run spans several hosts (`span.rs`), each node's attempt is one
+//! part of the job's: its gate's leader takes every round to node 0, and a
+//! failure enters `Shared::fail` as on one host and is sent to every other
+//! node, whose watcher takes it off the link and fails its own part
+//! (`Shared::fail_here`), releasing ranks waiting for a round as the gate
+//! releases them.
 
 mod gate;
 mod handle;
@@ -36,6 +36,7 @@ mod queue;
 mod recorder;
 mod restore;
 mod round;
+mod span;
 mod supervisor;
 mod watch;
 mod writer;
@@ -58,7 +59,9 @@ use round::{Arrival, Outcome};
 use supervisor::Supervisor;
 
 use crate::checkpoint::Checkpoint;
+use crate::cluster::{Layout, Link};
 use crate::config::ResourceLimits;
+use crate::config::Retention;
 use crate::executor::{self, IdleWait, LocalFuture};
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::Ledger;
@@ -67,10 +70,13 @@ use crate::preemption::Preemption;
 /// What one attempt needs.
 #[derive(Debug)]
 pub(crate) struct AttemptSetup {
+    /// The ranks on this host.
     pub world_size: u32,
+    /// The other nodes, when the run spans several hosts.
+    pub span: Option<Span>,
     /// How long a rank waits in `report` for the others.
     pub report_timeout: Duration,
-    pub ledger: Arc<Ledger>,
+    pub records: Records,
     /// Where checkpoints are copied so that `report` returns before they
     /// are uploaded; `None` to return once committed.
     pub snapshots: Option<PathBuf>,
@@ -85,6 +91,30 @@ pub(crate) struct AttemptSetup {
     pub grace: Duration,
     pub limits: ResourceLimits,
     pub handle: Handle,
+}
+
+/// Where an attempt's reports are recorded.
+#[derive(Debug)]
+pub(crate) enum Records {
+    /// On this host, in the run's ledger: a run on one host, or node 0.
+    Here(Arc<Ledger>),
+    /// On node 0, by a node that follows it: the ranks here report
+    /// metrics, and may not report checkpoint files; they restore `resume`
+    /// (node 0's choice) if any.
+    Elsewhere {
+        retention: Retention,
+        resume: Option<Checkpoint>,
+    },
+}
+
+/// The nodes of a run over several hosts, as an attempt sees them.
+#[derive(Debug, Clone)]
+pub(crate) struct Span {
+    pub link: Arc<Link>,
+    pub layout: Layout,
+    /// The attempt's number, the same on every node: messages of another
+    /// attempt are not this one's.
+    pub attempt: u64,
 }
 
 /// How an attempt ended.
@@ -113,9 +143,11 @@ struct Shared {
     world_size: u32,
     supervisor: Supervisor,
     gate: ReportGate<Arrival, Outcome>,
-    recorder: Recorder,
+    /// `None` on a node that follows node 0.
+    recorder: Option<Recorder>,
     restorer: Restorer,
-    ledger: Arc<Ledger>,
+    retention: Retention,
+    span: Option<Span>,
     preemption: Preemption,
     grace: Duration,
     limits: ResourceLimits,
@@ -139,8 +171,9 @@ impl Attempt {
     pub fn new(setup: AttemptSetup) -> Self {
         let AttemptSetup {
             world_size,
+            span,
             report_timeout,
-            ledger,
+            records,
             snapshots,
             handed_over,
             restore,
@@ -155,14 +188,24 @@ impl Attempt {
                 world_size,
                 supervisor: Supervisor::new(world_size),
                 gate: ReportGate::new(world_size as usize, report_timeout),
-                recorder: Recorder::start(
-                    Arc::clone(&ledger),
-                    world_size,
-                    snapshots,
-                    handle.clone(),
-                ),
-                restorer: Restorer::new(restore, Arc::clone(&ledger), resume_from),
-                ledger,
+                recorder: match &records {
+                    Records::Here(ledger) => Some(Recorder::start(
+                        Arc::clone(ledger),
+                        world_size,
+                        snapshots,
+                        handle.clone(),
+                    )),
+                    Records::Elsewhere { .. } => None,
+                },
+                retention: match &records {
+                    Records::Here(ledger) => ledger.retention().clone(),
+                    Records::Elsewhere { retention, .. } => retention.clone(),
+                },
+                restorer: match records {
+                    Records::Here(ledger) => Restorer::new(restore, ledger, resume_from),
+                    Records::Elsewhere { resume, .. } => Restorer::given(restore, resume),
+                },
+                span,
                 preemption,
                 grace,
                 limits,
@@ -282,8 +325,18 @@ impl Shared {
     }
 
     /// Fail the attempt (the first failure is the one kept) and stop every
-    /// rank.
+    /// rank, on every node.
     fn fail(&self, failure: RunFailure) {
+        if let Some(span) = &self.span
+            && self.supervisor.failure().is_none()
+        {
+            span::tell_failure(&span.link, span.attempt, &failure);
+        }
+        self.fail_here(failure);
+    }
+
+    /// Fail the attempt on this node only: another node failed it.
+    fn fail_here(&self, failure: RunFailure) {
         self.supervisor.record(failure);
         self.stop();
     }
@@ -321,7 +374,7 @@ impl Shared {
         self.supervisor.alive(rank);
         // A checkpoint reported earlier in this attempt may still be on its
         // way to storage; it is the latest once committed.
-        if let Err(failed) = self.recorder.flush() {
+        if let Some(Err(failed)) = self.recorder.as_ref().map(Recorder::flush) {
             self.fail_recording(failed);
             return Err(Aborted);
         }
@@ -338,7 +391,7 @@ impl Shared {
     /// Fail the attempt if writing reports in the background failed, so
     /// that ranks stop without waiting for their next report.
     fn check_background(&self) {
-        if let Some(failed) = self.recorder.failure() {
+        if let Some(failed) = self.recorder.as_ref().and_then(Recorder::failure) {
             self.fail_recording(failed);
         }
     }
@@ -346,7 +399,7 @@ impl Shared {
     /// Write every report recorded in this attempt to storage; a failure
     /// to do so fails the attempt. Called once the ranks have ended.
     fn finish_recording(&self) {
-        if let Err(failed) = self.recorder.finish() {
+        if let Some(Err(failed)) = self.recorder.as_ref().map(Recorder::finish) {
             if self.supervisor.failure().is_some() {
                 tracing::error!("writing reports to storage failed as well: {failed}");
             }

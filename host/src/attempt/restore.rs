@@ -120,7 +120,9 @@ impl RestoreCache {
 #[derive(Debug)]
 pub(super) struct Restorer {
     cache: Arc<RestoreCache>,
-    ledger: Arc<Ledger>,
+    /// `None` on a node that follows node 0: it restores `resume_from`,
+    /// node 0's choice.
+    ledger: Option<Arc<Ledger>>,
     resume_from: Option<Checkpoint>,
     /// Damaged checkpoints already reported: every rank runs into them.
     damaged: Mutex<HashSet<String>>,
@@ -134,8 +136,19 @@ impl Restorer {
     ) -> Self {
         Self {
             cache,
-            ledger,
+            ledger: Some(ledger),
             resume_from,
+            damaged: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Restore `checkpoint` (node 0's choice), or none, on a node that
+    /// follows node 0.
+    pub fn given(cache: Arc<RestoreCache>, checkpoint: Option<Checkpoint>) -> Self {
+        Self {
+            cache,
+            ledger: None,
+            resume_from: checkpoint,
             damaged: Mutex::new(HashSet::new()),
         }
     }
@@ -144,11 +157,20 @@ impl Restorer {
     /// latest committed checkpoint that verifies, else `resume_from`, else
     /// none.
     pub async fn resolve(&self) -> Result<Option<String>, RestoreError> {
-        let committed = self.ledger.newest_first();
+        let committed = self
+            .ledger
+            .as_ref()
+            .map(|l| l.newest_first())
+            .unwrap_or_default();
         let mut damaged = Vec::new();
         for record in &committed {
             let name = record.dir_name();
-            let restored = match Checkpoint::load(self.ledger.storage().child(&name)).await {
+            let storage = self
+                .ledger
+                .as_ref()
+                .expect("committed comes from it")
+                .storage();
+            let restored = match Checkpoint::load(storage.child(&name)).await {
                 Ok(checkpoint) => self.cache.materialize(&name, &checkpoint).await,
                 Err(e @ Error::NotACheckpoint { .. }) => Err(RestoreFailed::Corrupt(Arc::new(e))),
                 Err(e) => Err(RestoreFailed::Failed(Arc::new(e))),

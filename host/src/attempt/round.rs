@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::gate::{Describe, Gathered, Violation, ordinal};
-use super::{Aborted, Shared};
+use super::{Aborted, Refused, Shared};
 use crate::collective::{self, Call, CollectiveError, Delivered, Exchange, Unmet};
 use crate::failure::{FailureKind, RunFailure};
 use crate::metrics::Metrics;
@@ -43,6 +43,8 @@ impl Describe for Arrival {
 pub(super) enum Outcome {
     Recorded,
     Refused(Collision),
+    /// Node 0 refused the report (the message says why).
+    RefusedElsewhere(String),
     /// Recording failed; the attempt is failing.
     Failed,
     Exchanged(Arc<Exchange>),
@@ -60,10 +62,11 @@ impl Shared {
         rank: u32,
         metrics: Metrics,
         capture: Option<Capture>,
-    ) -> Result<Result<(), Collision>, Aborted> {
+    ) -> Result<Result<(), Refused>, Aborted> {
         match self.round(rank, Arrival::Report { metrics, capture }).await {
             Ok(Outcome::Recorded) => Ok(Ok(())),
-            Ok(Outcome::Refused(collision)) => Ok(Err(collision)),
+            Ok(Outcome::Refused(collision)) => Ok(Err(Refused::Collision(collision))),
+            Ok(Outcome::RefusedElsewhere(message)) => Ok(Err(Refused::Elsewhere(message))),
             // A report has no error for a mismatch: the rank is stopped,
             // and the run fails saying why.
             Ok(_) | Err(_) => Err(Aborted),
@@ -113,6 +116,9 @@ impl Shared {
     /// The leader's part: run the round every rank has arrived for.
     fn lead(&self, gathered: Gathered<Arrival>) -> Outcome {
         let arrivals = gathered.arrivals;
+        if let Some(span) = &self.span {
+            return self.lead_across(span, arrivals);
+        }
         if arrivals.iter().all(|a| matches!(a, Arrival::Report { .. })) {
             return self.record(arrivals);
         }
@@ -144,8 +150,13 @@ impl Shared {
         }
     }
 
-    /// Record a report every rank made.
-    fn record(&self, mut arrivals: Vec<Arrival>) -> Outcome {
+    /// Record a report every rank made (of this host; on node 0, of every
+    /// node, whose other ranks bring no checkpoint).
+    pub(super) fn record(&self, mut arrivals: Vec<Arrival>) -> Outcome {
+        let Some(recorder) = &self.recorder else {
+            debug_assert!(false, "only the node that records leads a report");
+            return Outcome::Failed;
+        };
         let mut captures = Vec::new();
         let mut metrics = None;
         for arrival in &mut arrivals {
@@ -159,7 +170,7 @@ impl Shared {
                 metrics.get_or_insert_with(|| std::mem::take(m));
             }
         }
-        let outcome = match self.recorder.record(metrics.unwrap_or_default(), captures) {
+        let outcome = match recorder.record(metrics.unwrap_or_default(), captures) {
             Ok(Ok(())) => Outcome::Recorded,
             Ok(Err(collision)) => Outcome::Refused(collision),
             Err(failed) => {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Shared;
+use crate::cluster::wire::Header;
 use crate::failure::{FailureKind, RunFailure};
 
 /// How often the watcher looks.
@@ -18,6 +19,18 @@ pub(super) fn watch(attempt: &Shared, done: &AtomicBool) {
     let mut stop_at: Option<Instant> = None;
     while !done.load(Ordering::SeqCst) {
         attempt.check_background();
+        // Another node failed: stop here too, at once (not at the next
+        // collective call).
+        if let Some(span) = &attempt.span
+            && let Some((_, message)) = span.link.take(
+                |_, h| matches!(h, Header::Failed { attempt, .. } if *attempt == span.attempt),
+                || true,
+            )
+            && let Header::Failed { failure, .. } = message.header
+        {
+            attempt.fail_here(failure);
+            return;
+        }
         if attempt.preemption.is_requested() && stop_at.is_none() {
             tracing::warn!(
                 "stop requested: ranks have {} to report a final checkpoint (request again to stop at once)",

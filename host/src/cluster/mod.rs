@@ -1,12 +1,71 @@
-//! Where this process sits among the processes a launcher started for one
-//! job: `mpiexec` (MPICH's Hydra, Open MPI), or Slurm's `srun`.
+//! The nodes of a job: where this process sits among the processes a
+//! launcher started (`mpiexec` of MPICH or Open MPI, Slurm's `srun`), and
+//! the link to the other nodes.
 //!
-//! A run lives in one process today, so a process that finds itself one of
-//! several refuses to start ([`crate::Error::SeveralProcesses`]): each
-//! would otherwise train the whole run on its own, and with a generated
-//! run name nothing would even collide. Launchers say how many processes
-//! they started, and which one this is, in the environment they give each
-//! process; those variables are read here and nowhere else.
+//! A run spans several hosts as one trainhost per node: the launcher starts
+//! the processes, MPI connects them (`mpi.rs`, with the `mpi` feature), and
+//! the nodes speak the messages of `wire.rs`. Node 0 leads: it owns the
+//! run's record in storage, matches every round's calls, and decides when
+//! attempts start and end; the other nodes follow. Launchers say how many
+//! processes they started, and which one this is, in the environment they
+//! give each process; those variables are read here and nowhere else.
+//! Without the `mpi` feature a process that finds itself one of several
+//! refuses to start ([`crate::error::Error::SeveralProcesses`]): each would
+//! otherwise train the whole run on its own.
+
+#[cfg(feature = "mpi")]
+pub(crate) mod mpi;
+pub(crate) mod wire;
+
+#[cfg(not(feature = "mpi"))]
+use absent::Transport;
+#[cfg(feature = "mpi")]
+use mpi::Node as Transport;
+
+/// A message from another node (or this one), as it came off the wire.
+#[derive(Debug)]
+pub(crate) struct Envelope {
+    pub from: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// Without the `mpi` feature there is no transport: [`Link`] cannot be
+/// made, and its calls need no code.
+#[cfg(not(feature = "mpi"))]
+mod absent {
+    use super::Envelope;
+    use std::time::Duration;
+
+    pub(crate) enum Transport {}
+
+    impl Transport {
+        pub fn send(&self, _to: u32, _bytes: &[u8]) {
+            match *self {}
+        }
+
+        pub fn take(
+            &self,
+            _wanted: impl FnMut(&Envelope) -> bool,
+            _stop: impl Fn() -> bool,
+            _poll: Duration,
+        ) -> Option<Envelope> {
+            match *self {}
+        }
+
+        pub fn discard(&self, _stale: impl Fn(&Envelope) -> bool) {
+            match *self {}
+        }
+
+        pub fn find<T>(&self, _wanted: impl Fn(&Envelope) -> Option<T>) -> Option<T> {
+            match *self {}
+        }
+    }
+}
+
+use std::time::Duration;
+
+use crate::error::Error;
+use wire::{Header, Message};
 
 /// This process among those a launcher started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,15 +103,156 @@ pub(crate) fn detect(var: impl Fn(&str) -> Option<String>) -> Option<Launch> {
     })
 }
 
-/// Refuse to run when a launcher started several processes for this job.
-pub(crate) fn check_single_process() -> Result<(), crate::error::Error> {
-    match detect(|name| std::env::var(name).ok()) {
-        Some(launch) if launch.processes > 1 => Err(crate::error::Error::SeveralProcesses {
+/// Join the job's other nodes, if a launcher started several processes:
+/// `None` when this process is the whole job.
+pub(crate) fn join() -> Result<Option<Link>, Error> {
+    let Some(launch) = detect(|name| std::env::var(name).ok()).filter(|l| l.processes > 1) else {
+        return Ok(None);
+    };
+    Link::join(launch).map(Some)
+}
+
+/// How a run's ranks are spread over its nodes: the same number on each,
+/// node `n` holding ranks `n × per_node` up to the next node's first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub node: u32,
+    pub nodes: u32,
+    pub per_node: u32,
+}
+
+impl Layout {
+    /// Spread `workers` ranks over `nodes` nodes, or say why they do not
+    /// split evenly.
+    pub fn new(workers: u32, node: u32, nodes: u32) -> Result<Self, Error> {
+        if nodes == 0 || !workers.is_multiple_of(nodes) || workers < nodes {
+            return Err(Error::InvalidConfig(format!(
+                "--workers {workers} does not split evenly over {nodes} nodes (the processes the launcher started); use a multiple of {nodes}, each node runs the same number of ranks"
+            )));
+        }
+        Ok(Self {
+            node,
+            nodes,
+            per_node: workers / nodes,
+        })
+    }
+
+    /// The run's ranks on every node together.
+    pub fn world_size(&self) -> u32 {
+        self.nodes * self.per_node
+    }
+
+    /// The world rank of this node's `local` rank.
+    pub fn world_rank(&self, local: u32) -> u32 {
+        self.node * self.per_node + local
+    }
+}
+
+/// This node's link to the job's other nodes. Without the `mpi` feature
+/// there is none: the type cannot be made.
+pub(crate) struct Link {
+    index: u32,
+    nodes: u32,
+    transport: Transport,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("index", &self.index)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often a node waiting for a message checks whether to give up.
+const POLL: Duration = Duration::from_millis(10);
+
+impl Link {
+    #[cfg(not(feature = "mpi"))]
+    fn join(launch: Launch) -> Result<Self, Error> {
+        Err(Error::SeveralProcesses {
             index: launch.index,
             processes: launch.processes,
             launcher: launch.launcher,
-        }),
-        _ => Ok(()),
+        })
+    }
+
+    #[cfg(feature = "mpi")]
+    fn join(launch: Launch) -> Result<Self, Error> {
+        let node = mpi::Node::join().map_err(|e| Error::Cluster(e.to_string()))?;
+        if node.nodes() != launch.processes {
+            return Err(Error::Cluster(format!(
+                "{} started {} processes, but MPI sees {}: trainhost and {} must come from the same MPI (MPICH's mpiexec for a trainhost built on MPICH)",
+                launch.launcher,
+                launch.processes,
+                node.nodes(),
+                launch.launcher
+            )));
+        }
+        Ok(Self {
+            index: node.index(),
+            nodes: node.nodes(),
+            transport: node,
+        })
+    }
+
+    /// This node's index: 0 leads.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// How many nodes the job has.
+    pub fn nodes(&self) -> u32 {
+        self.nodes
+    }
+
+    /// Send `message` to node `to`.
+    pub fn send(&self, to: u32, message: &Message) {
+        self.transport.send(to, &message.encode());
+    }
+
+    /// Send `message` to every other node.
+    pub fn send_to_others(&self, message: &Message) {
+        let bytes = message.encode();
+        for to in (0..self.nodes).filter(|n| *n != self.index) {
+            self.transport.send(to, &bytes);
+        }
+    }
+
+    /// The first message whose sender and header `wanted` accepts, waiting
+    /// until `stop` says to give up; other messages stay for later.
+    pub fn take(
+        &self,
+        wanted: impl Fn(u32, &Header) -> bool,
+        stop: impl Fn() -> bool,
+    ) -> Option<(u32, Message)> {
+        let envelope = self.transport.take(
+            |e| wire::peek(&e.bytes).is_some_and(|h| wanted(e.from, &h)),
+            stop,
+            POLL,
+        )?;
+        let from = envelope.from;
+        // Its header decoded above; the frame is checked again here.
+        Message::decode(envelope.bytes).ok().map(|m| (from, m))
+    }
+
+    /// The header of a waiting message from `from` that `wanted` accepts;
+    /// the message stays.
+    pub fn find(&self, from: u32, wanted: impl Fn(&Header) -> bool) -> Option<Header> {
+        self.transport.find(|e| {
+            (e.from == from)
+                .then(|| wire::peek(&e.bytes))
+                .flatten()
+                .filter(|h| wanted(h))
+        })
+    }
+
+    /// Drop waiting messages whose header `stale` accepts (and any that
+    /// does not decode).
+    pub fn discard(&self, stale: impl Fn(&Header) -> bool) {
+        self.transport
+            .discard(|e| wire::peek(&e.bytes).is_none_or(|h| stale(&h)));
     }
 }
 
@@ -101,6 +301,20 @@ mod tests {
             launch(&[("SLURM_NTASKS", "8"), ("SLURM_PROCID", "0")]),
             None
         );
+    }
+
+    #[test]
+    fn ranks_split_evenly_over_nodes_or_not_at_all() {
+        let layout = Layout::new(6, 1, 3).unwrap();
+        assert_eq!((layout.per_node, layout.world_size()), (2, 6));
+        assert_eq!(layout.world_rank(1), 3);
+        for (workers, nodes) in [(5, 2), (1, 2), (0, 1)] {
+            let e = Layout::new(workers, 0, nodes).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("--workers {workers} does not split evenly")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -198,10 +198,11 @@ fn report_error(refused: Refused) -> session::ReportError {
     let message = refused.to_string();
     match refused {
         Refused::Score(_) => ReportError::InvalidMetrics(message),
-        Refused::Capture(_) | Refused::TooLarge { .. } | Refused::HandOver(_) => {
-            ReportError::InvalidCheckpoint(message)
-        }
-        Refused::Collision(_) => ReportError::Collision(message),
+        Refused::Capture(_)
+        | Refused::TooLarge { .. }
+        | Refused::HandOver(_)
+        | Refused::NotOnNodeZero { .. } => ReportError::InvalidCheckpoint(message),
+        Refused::Collision(_) | Refused::Elsewhere(_) => ReportError::Collision(message),
     }
 }
 

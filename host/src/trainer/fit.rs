@@ -2,34 +2,49 @@
 //! the run's record opened (or resumed), then attempts until one ends
 //! without a failure, the failures run out (R20), or a stop is requested;
 //! then the result (R25).
+//!
+//! A run over several hosts runs this on every node (`nodes.rs` for the
+//! start): node 0 owns the run's record and decides, after every attempt,
+//! whether the nodes run another one together; the other nodes follow
+//! (`follow`), running their ranks' part of each attempt and telling node 0
+//! how it ended.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::Trainer;
-use crate::attempt::{Attempt, AttemptSetup, Ended, RestoreCache};
+use super::{Trainer, nodes};
+use crate::attempt::{Attempt, AttemptSetup, Ended, Records, RestoreCache, Span};
 use crate::checkpoint::Checkpoint;
+use crate::cluster::wire::{Header, Message, Next};
+use crate::cluster::{Layout, Link};
 use crate::config::MaxFailures;
 use crate::error::Error;
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::owner::Owner;
 use crate::result::TrainResult;
-use crate::runtime::{
-    GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
-};
+use crate::runtime::{GuestComponent, RESTORE_GUEST_PATH, RankShared};
 use crate::storage::Storage;
 use crate::sync::Syncer;
 
+use super::gang::{Gang, create_dir};
 use super::workdir::WorkDir;
 
 pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(Error::InsideAsyncRuntime);
     }
-    crate::cluster::check_single_process()?;
+    let link = crate::cluster::join()?.map(Arc::new);
+    let layout = match &link {
+        Some(link) => Layout::new(trainer.scaling.num_workers, link.index(), link.nodes())?,
+        None => Layout {
+            node: 0,
+            nodes: 1,
+            per_node: trainer.scaling.num_workers,
+        },
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("trainhost-io")
@@ -43,20 +58,37 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
     let run = &trainer.run;
 
     let started = std::time::Instant::now();
+    let bytes = trainer.guest.read()?;
     let (guest, cached) = GuestComponent::compile(
-        &trainer.guest.read()?,
+        &bytes,
         &trainer.guest.shown(),
         run.interruption,
         trainer.compile_cache.as_ref(),
     )?;
     tracing::debug!(elapsed = ?started.elapsed(), cache = ?cached, "guest ready");
 
-    let (run_name, generated) = match &run.name {
+    let proposed = match &run.name {
         Some(name) => (name.clone(), false),
         None => (default_run_name(&trainer.guest.stem()), true),
     };
+    let (run_name, generated) = match &link {
+        Some(link) => nodes::agree(link, nodes::fingerprint(trainer, &bytes), proposed)?,
+        None => proposed,
+    };
     let storage = Storage::open(&trainer.storage, &run.storage_options)?;
     rt.block_on(storage.probe())?;
+    if let Some(link) = link.as_ref().filter(|l| l.index() != 0) {
+        rt.block_on(nodes::answer_probe(link, &storage.child(&run_name)))?;
+        return super::follow::follow(
+            trainer,
+            &rt,
+            &guest,
+            Arc::clone(link),
+            layout,
+            run_name,
+            storage,
+        );
+    }
     let local_run_dir = storage.local_path().map(|p| p.join(&run_name));
     if let (Some(sync), Some(dir)) = (&run.sync, &local_run_dir) {
         crate::sync::restore_if_missing(sync, dir, &run_name);
@@ -65,6 +97,12 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
         &storage.child(&run_name),
         &run.storage_options,
     ))?;
+    if let Some(link) = &link
+        && let Err(e) = rt.block_on(nodes::probe(link, owner.storage()))
+    {
+        rt.block_on(owner.release());
+        return Err(e);
+    }
     let result = fit_owned(
         trainer,
         &rt,
@@ -75,6 +113,7 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
             storage: owner.storage().clone(),
             local_run_dir,
         },
+        link.map(|link| (link, layout)),
     );
     rt.block_on(owner.release());
     result
@@ -90,12 +129,14 @@ struct Named {
     local_run_dir: Option<PathBuf>,
 }
 
-/// The run, once this host owns it.
+/// The run, once this host owns it; with the other nodes, if it spans
+/// several hosts.
 fn fit_owned(
     trainer: &Trainer,
     rt: &tokio::runtime::Runtime,
     guest: &GuestComponent,
     named: Named,
+    nodes: Option<(Arc<Link>, Layout)>,
 ) -> Result<TrainResult, Error> {
     let run = &trainer.run;
     let Named {
@@ -105,6 +146,14 @@ fn fit_owned(
         local_run_dir,
     } = named;
     let world_size = trainer.scaling.num_workers;
+    let layout = nodes.as_ref().map_or(
+        Layout {
+            node: 0,
+            nodes: 1,
+            per_node: world_size,
+        },
+        |(_, layout)| *layout,
+    );
     let config_json = serde_json::to_string(&trainer.config).expect("JSON values serialize");
     let fingerprint = hex::encode(Sha256::digest(config_json.as_bytes()));
     let ledger = Arc::new(rt.block_on(Ledger::open(
@@ -139,7 +188,7 @@ fn fit_owned(
             output: Arc::clone(&trainer.output),
             limits: run.limits.clone(),
         },
-        world_size,
+        layout,
     };
     let restore = Arc::new(RestoreCache::new(restore_root.clone(), RESTORE_GUEST_PATH));
     tracing::info!(run = %run_storage.url(), ranks = world_size, "starting run");
@@ -155,11 +204,34 @@ fn fit_owned(
 
     let max_failures = run.failure_config.max_failures;
     let mut error = None;
+    let mut number = 0u64;
     let preempted = loop {
+        number += 1;
+        let span = nodes.as_ref().map(|(link, layout)| Span {
+            link: Arc::clone(link),
+            layout: *layout,
+            attempt: number,
+        });
+        if let Some(span) = &span {
+            // The other nodes restore what this node's ranks will: the
+            // latest committed checkpoint, else --resume-from.
+            let resume = ledger
+                .newest_first()
+                .first()
+                .map(|record| run_storage.child(&record.dir_name()).url().to_owned())
+                .or_else(|| resume_from.as_ref().map(|c| c.location().to_owned()));
+            span.link
+                .discard(|h| nodes::message_attempt(h).is_some_and(|a| a < number));
+            span.link.send_to_others(&Message::new(Header::Attempt {
+                attempt: number,
+                next: Next::Run { resume },
+            }));
+        }
         let attempt = Attempt::new(AttemptSetup {
-            world_size,
+            world_size: layout.per_node,
+            span: span.clone(),
             report_timeout: run.report_timeout,
-            ledger: Arc::clone(&ledger),
+            records: Records::Here(Arc::clone(&ledger)),
             snapshots: run
                 .persist_in_background
                 .then(|| work.path().join("snapshots")),
@@ -171,11 +243,18 @@ fn fit_owned(
             limits: run.limits.clone(),
             handle: rt.handle().clone(),
         });
+        let mut ended = gang.run(attempt)?;
+        if let Some(span) = &span {
+            // Ranks elsewhere still calling would wait for these forever.
+            span.link
+                .send_to_others(&Message::new(Header::Over { attempt: number }));
+            ended = nodes::merge_ended(&span.link, number, ended);
+        }
         let Ended {
             failure,
             stop_requested,
             preempted,
-        } = gang.run(attempt)?;
+        } = ended;
         let Some(failure) = failure else {
             break preempted;
         };
@@ -219,66 +298,20 @@ fn fit_owned(
         tracing::warn!(run = %run_storage.url(), "the run stopped early on request; run it again with the same name to resume");
     }
 
-    let result = rt.block_on(collect_result(&ledger, run_name, error, preempted));
+    let mut result = rt.block_on(collect_result(&ledger, run_name, error, preempted));
+    result.node = (layout.node, layout.nodes);
+    if let Some((link, _)) = &nodes {
+        link.send_to_others(&Message::new(Header::Attempt {
+            attempt: number + 1,
+            next: Next::End {
+                error: result.error.clone(),
+                preempted: result.preempted,
+                failures: result.failures,
+            },
+        }));
+    }
     drop(work);
     Ok(result)
-}
-
-/// The ranks of a run on this host, and where they live.
-struct Gang<'a> {
-    guest: &'a GuestComponent,
-    /// The run's working directory.
-    work: &'a Path,
-    restore_root: &'a Path,
-    shared: RankShared,
-    world_size: u32,
-}
-
-impl Gang<'_> {
-    /// Run every rank once as `attempt`.
-    fn run(&self, attempt: Attempt) -> Result<Ended, Error> {
-        // Fresh scratch directories: nothing of a failed attempt leaks into
-        // the next one but what it committed.
-        let scratch: Vec<PathBuf> = (0..self.world_size)
-            .map(|r| self.work.join(format!("rank-{r}")))
-            .collect();
-        for dir in &scratch {
-            let _ = std::fs::remove_dir_all(dir);
-            create_dir(dir, "create a rank's scratch directory")?;
-        }
-        let ticker = self.guest.start_ticker();
-        let ended = attempt.run(|handle| {
-            let rank = handle.rank();
-            let info = RankInfo {
-                world_rank: rank,
-                world_size: self.world_size,
-                local_rank: rank,
-                local_world_size: self.world_size,
-                node_rank: 0,
-            };
-            let dirs = RankDirs {
-                scratch: &scratch[rank as usize],
-                restore: self.restore_root,
-            };
-            Box::pin(run_rank(
-                self.guest,
-                info,
-                self.shared.clone(),
-                dirs,
-                handle,
-            ))
-        });
-        drop(ticker);
-        Ok(ended)
-    }
-}
-
-fn create_dir(dir: &Path, operation: &'static str) -> Result<(), Error> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-        path: dir.to_path_buf(),
-        operation,
-        source,
-    })
 }
 
 /// `<guest stem>_<UTC start time>_<random>`, like Ray's
@@ -329,6 +362,7 @@ async fn collect_result(
         failure_history: failures,
         error,
         preempted,
+        node: (0, 1),
     }
 }
 

@@ -3,6 +3,9 @@
 //! which runs it (`fit.rs`).
 
 mod fit;
+mod follow;
+mod gang;
+mod nodes;
 mod workdir;
 
 use std::path::PathBuf;

@@ -11,8 +11,11 @@ mod example;
 mod failures;
 mod fuzz_corpus;
 mod hand_over;
+#[cfg(not(feature = "mpi"))]
 mod launch;
 mod limits;
+#[cfg(feature = "mpi")]
+mod nodes;
 mod outages;
 mod owner;
 mod persistence;

@@ -309,11 +309,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     say!();
     say!("run {} at {}", result.run_name, result.path);
-    say!(
-        "  {} reports, {} checkpoints retained",
-        result.metrics_history.len(),
-        result.best_checkpoints.len()
-    );
+    let (node, nodes) = result.node;
+    if node == 0 {
+        say!(
+            "  {} reports, {} checkpoints retained",
+            result.metrics_history.len(),
+            result.best_checkpoints.len()
+        );
+    } else {
+        say!(
+            "  node {node} of {nodes}: its ranks are done; node 0 lists the run's reports and checkpoints"
+        );
+    }
     if let Some(metrics) = &result.metrics {
         say!("  last metrics: {metrics}");
     }

@@ -1,0 +1,427 @@
+//! Rounds whose ranks live on several nodes (a run over several hosts).
+//!
+//! Each node's gate gathers its own ranks' calls as on one host; its
+//! leader then takes the round across nodes: it sends node 0 what its
+//! ranks called, with the data node 0 needs (a node's partial all-reduce,
+//! the root's broadcast data, its ranks' all-gather pieces), and waits for
+//! node 0's outcome. Node 0 matches the calls of every rank of the job
+//! (R30 across nodes), records a report (only node 0 records: the ranks of
+//! other nodes report metrics, and their checkpoint files are refused
+//! before they arrive), or combines the exchange, and tells every node.
+//! Combining once on node 0 makes results bit-identical on every rank.
+//!
+//! A leader waiting for other nodes gives up when its attempt stops: a
+//! failure anywhere reaches every node as a message (`Shared::fail`, and
+//! the watcher, which takes failures of other nodes off the link).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::gate::{Describe, Violation, ordinal};
+use super::round::{Arrival, Outcome};
+use super::{Shared, Span};
+use crate::cluster::Link;
+use crate::cluster::wire::{self, Header, Message, Settled, Summary};
+use crate::collective::{self, Call, Exchange, Op, Values};
+
+/// What a node brings to node 0 for a round.
+struct NodeCalls {
+    calls: Vec<Summary>,
+    parts: Vec<Vec<u8>>,
+}
+
+/// A round's outcome with its data, as node 0 sends it.
+struct Settlement {
+    outcome: Settled,
+    parts: Vec<Vec<u8>>,
+}
+
+impl Shared {
+    /// The leader's part of a round when the run spans nodes: `arrivals`
+    /// are this node's ranks', by local rank.
+    pub(super) fn lead_across(&self, span: &Span, arrivals: Vec<Arrival>) -> Outcome {
+        let round = self.gate.rounds();
+        let link = &span.link;
+        let mine = node_calls(&arrivals, span.layout.world_rank(0));
+        let shapes = arrivals_shapes(&arrivals);
+        let settlement = if link.index() == 0 {
+            let others = match self.gather(span, round) {
+                Ok(others) => others,
+                Err(Some(violation)) => {
+                    // The other nodes are waiting for this round too.
+                    let settlement = Settlement {
+                        outcome: Settled::Mismatch(violation.message().to_owned()),
+                        parts: Vec::new(),
+                    };
+                    link.send_to_others(&encode_settlement(span.attempt, round, &settlement));
+                    return Outcome::Mismatch(violation);
+                }
+                Err(None) => return Outcome::Failed,
+            };
+            let all: Vec<NodeCalls> = std::iter::once(mine).chain(others).collect();
+            let settlement = self.settle(span, &all, arrivals);
+            let message = encode_settlement(span.attempt, round, &settlement);
+            link.send_to_others(&message);
+            settlement
+        } else {
+            let (parts, lengths) = join_parts(mine.parts);
+            link.send(
+                0,
+                &Message {
+                    header: Header::Arrive {
+                        attempt: span.attempt,
+                        round,
+                        calls: mine.calls,
+                        parts: lengths,
+                    },
+                    payload: parts,
+                },
+            );
+            let wanted = |from: u32, h: &Header| {
+                from == 0
+                    && matches!(h, Header::Settle { attempt, round: r, .. } if *attempt == span.attempt && *r == round)
+            };
+            let over = || {
+                link.find(
+                    0,
+                    |h| matches!(h, Header::Over { attempt } if *attempt == span.attempt),
+                )
+                .is_some()
+            };
+            let Some((_, message)) = link.take(wanted, || self.supervisor.is_stopping() || over())
+            else {
+                if over() && !self.supervisor.is_stopping() {
+                    return Outcome::Mismatch(Violation::new(format!(
+                        "the ranks on node 0 returned from train while ranks {:?} on node {} wait in their {} collective call ({})",
+                        (span.layout.world_rank(0)..span.layout.world_rank(span.layout.per_node))
+                            .collect::<Vec<_>>(),
+                        span.layout.node,
+                        ordinal(round + 1),
+                        shapes_text(&shapes),
+                    )));
+                }
+                return Outcome::Failed;
+            };
+            match decode_settlement(message) {
+                Some(s) => s,
+                None => return self.garbled(),
+            }
+        };
+        self.local_outcome(&shapes, settlement)
+    }
+
+    /// Node 0: every other node's calls for `round`, by node; `None` if
+    /// the attempt stops first.
+    fn gather(&self, span: &Span, round: u64) -> Result<Vec<NodeCalls>, Option<Violation>> {
+        let link = &span.link;
+        // The same limit as for the ranks of one node (R6).
+        let timeout = self.gate.timeout();
+        let deadline = Instant::now() + timeout;
+        (1..link.nodes())
+            .map(|node| {
+                let wanted = |from: u32, h: &Header| {
+                    from == node && matches!(h, Header::Arrive { attempt, round: r, .. } if *attempt == span.attempt && *r == round)
+                };
+                // A node whose ranks all ended will not arrive.
+                let ended = || {
+                    link.find(node, |h| matches!(h, Header::Ended { attempt, .. } if *attempt == span.attempt))
+                };
+                let late = || Instant::now() >= deadline;
+                let Some((_, message)) = link.take(wanted, || {
+                    self.supervisor.is_stopping() || ended().is_some() || late()
+                }) else {
+                    if self.supervisor.is_stopping() {
+                        return Err(None);
+                    }
+                    if ended().is_none() {
+                        return Err(Some(Violation::new(format!(
+                            "the ranks on node 0 waited {} in their {} collective call for the ranks on node {node}, which did not arrive; every rank must make the same collective calls in the same order (raise the report timeout if a step can take longer)",
+                            humantime::format_duration(timeout),
+                            ordinal(round + 1)
+                        ))));
+                    }
+                    return Err(match ended() {
+                        // Its ranks failed: the run fails with that (its
+                        // message may not have been taken off the link yet).
+                        Some(Header::Ended {
+                            failure: Some(failure),
+                            ..
+                        }) => {
+                            self.fail_here(failure);
+                            None
+                        }
+                        _ => Some(Violation::new(format!(
+                            "the ranks on node {node} returned from train after {round} collective calls while the ranks on node 0 wait in their {}",
+                            ordinal(round + 1)
+                        ))),
+                    });
+                };
+                let Header::Arrive { calls, parts, .. } = message.header else {
+                    return Err(None);
+                };
+                let parts = wire::split(&message.payload, &parts).map_err(|_| None)?;
+                Ok(NodeCalls { calls, parts })
+            })
+            .collect()
+    }
+
+    /// Node 0: match every rank's call and carry out the round.
+    fn settle(&self, span: &Span, all: &[NodeCalls], mine: Vec<Arrival>) -> Settlement {
+        let settled = |outcome| Settlement {
+            outcome,
+            parts: Vec::new(),
+        };
+        let calls: Vec<&Summary> = all.iter().flat_map(|n| &n.calls).collect();
+        let first = &calls[0].signature;
+        if calls.iter().any(|c| &c.signature != first) {
+            let each: Vec<String> = calls
+                .iter()
+                .enumerate()
+                .map(|(r, c)| format!("rank {r} called {}", c.describe))
+                .collect();
+            return settled(Settled::Mismatch(format!(
+                "the {} collective call does not match: {}",
+                ordinal(self.gate.rounds() + 1),
+                each.join(", ")
+            )));
+        }
+        let Some(Arrival::Collective(call)) = mine.first() else {
+            // Every rank reported: only node 0 records.
+            return settled(match self.record(mine) {
+                Outcome::Recorded => Settled::Recorded,
+                Outcome::Refused(collision) => Settled::Refused(collision.to_string()),
+                _ => Settled::Failed,
+            });
+        };
+        let world = span.layout.world_size() as usize;
+        let max_memory = self.limits.max_memory;
+        match call {
+            Call::Barrier => settled(Settled::Exchanged),
+            Call::Broadcast { root, .. } => {
+                let node = (*root / span.layout.per_node) as usize;
+                match all.get(node).and_then(|n| n.parts.first()) {
+                    Some(data) => {
+                        match collective::too_large(&call.describe(), data.len() as u64, max_memory)
+                        {
+                            Some(message) => settled(Settled::Invalid(message)),
+                            None => Settlement {
+                                outcome: Settled::Exchanged,
+                                parts: vec![data.clone()],
+                            },
+                        }
+                    }
+                    None => settled(Settled::Invalid(format!(
+                        "broadcast from rank {root}, but the run has ranks 0 to {}",
+                        world - 1
+                    ))),
+                }
+            }
+            Call::AllGather { .. } => {
+                let pieces: Vec<Vec<u8>> = all.iter().flat_map(|n| n.parts.clone()).collect();
+                let bytes = pieces.iter().map(|p| p.len() as u64 + 8).sum();
+                match collective::too_large(&call.describe(), bytes, max_memory) {
+                    Some(message) => settled(Settled::Invalid(message)),
+                    None => Settlement {
+                        outcome: Settled::Exchanged,
+                        parts: pieces,
+                    },
+                }
+            }
+            Call::AllReduce { values, op } => {
+                if *op == Op::Mean && matches!(values, Values::S64(_)) {
+                    return settled(Settled::Invalid(
+                        "the mean of s64 values is not an s64; all-reduce the sum and divide"
+                            .into(),
+                    ));
+                }
+                let bytes = values.len() as u64 * values.element_size();
+                if let Some(message) = collective::too_large(&call.describe(), bytes, max_memory) {
+                    return settled(Settled::Invalid(message));
+                }
+                let partials: Option<Vec<Values>> = all
+                    .iter()
+                    .map(|n| Values::from_le_bytes(values, n.parts.first()?))
+                    .collect();
+                match partials {
+                    Some(partials) if partials.iter().all(|p| p.len() == values.len()) => {
+                        let result = collective::combine_in_order(partials, *op, world);
+                        Settlement {
+                            outcome: Settled::Exchanged,
+                            parts: vec![result.to_le_bytes()],
+                        }
+                    }
+                    _ => settled(Settled::Mismatch(
+                        "a node sent an all-reduce's partial result of the wrong size".into(),
+                    )),
+                }
+            }
+        }
+    }
+
+    /// This node's outcome of a settled round. `shapes` are its ranks'
+    /// calls (without their data), to read the data node 0 sent.
+    fn local_outcome(&self, shapes: &[Shape], settlement: Settlement) -> Outcome {
+        let Settlement { outcome, parts } = settlement;
+        match outcome {
+            Settled::Recorded => Outcome::Recorded,
+            Settled::Refused(message) => Outcome::RefusedElsewhere(message),
+            Settled::Failed => {
+                // Node 0 failed recording; its failure reaches this node.
+                Outcome::Failed
+            }
+            Settled::Invalid(message) => Outcome::Invalid(message),
+            Settled::Mismatch(message) => Outcome::Mismatch(Violation::new(message)),
+            Settled::Exchanged => {
+                let exchange = match shapes.first() {
+                    Some(Shape::Barrier) | None => Exchange::Barrier,
+                    Some(Shape::Broadcast) => {
+                        Exchange::Broadcast(parts.into_iter().next().unwrap_or_default())
+                    }
+                    Some(Shape::AllGather) => Exchange::AllGather(parts),
+                    Some(Shape::AllReduce(like)) => {
+                        match parts.first().and_then(|p| Values::from_le_bytes(like, p)) {
+                            Some(values) => Exchange::Reduced(values),
+                            None => return self.garbled(),
+                        }
+                    }
+                    Some(Shape::Report) => return self.garbled(),
+                };
+                Outcome::Exchanged(Arc::new(exchange))
+            }
+        }
+    }
+
+    /// A message from node 0 did not make sense: a bug, which fails the run.
+    fn garbled(&self) -> Outcome {
+        let violation =
+            Violation::new("node 0 answered a round with a message this node cannot read".into());
+        Outcome::Mismatch(violation)
+    }
+}
+
+/// What a rank called, without its data.
+enum Shape {
+    Report,
+    Barrier,
+    Broadcast,
+    AllGather,
+    /// An empty buffer of the all-reduce's type.
+    AllReduce(Values),
+}
+
+/// What this node's ranks called, for messages.
+fn shapes_text(shapes: &[Shape]) -> &'static str {
+    match shapes.first() {
+        Some(Shape::Report) => "report",
+        Some(Shape::Barrier) => "barrier",
+        Some(Shape::Broadcast) => "broadcast",
+        Some(Shape::AllGather) => "all-gather",
+        Some(Shape::AllReduce(_)) => "all-reduce",
+        None => "nothing",
+    }
+}
+
+fn arrivals_shapes(arrivals: &[Arrival]) -> Vec<Shape> {
+    arrivals
+        .iter()
+        .map(|a| match a {
+            Arrival::Report { .. } => Shape::Report,
+            Arrival::Collective(Call::Barrier) => Shape::Barrier,
+            Arrival::Collective(Call::Broadcast { .. }) => Shape::Broadcast,
+            Arrival::Collective(Call::AllGather { .. }) => Shape::AllGather,
+            Arrival::Collective(Call::AllReduce { values, .. }) => Shape::AllReduce(match values {
+                Values::F32(_) => Values::F32(Vec::new()),
+                Values::F64(_) => Values::F64(Vec::new()),
+                Values::S64(_) => Values::S64(Vec::new()),
+            }),
+        })
+        .collect()
+}
+
+/// What this node sends node 0: every rank's call, and its data: the
+/// root's broadcast data (if the root is here), every rank's all-gather
+/// piece, or the node's partial all-reduce (if its own ranks agree).
+/// `first` is the world rank of the node's first rank.
+fn node_calls(arrivals: &[Arrival], first: u32) -> NodeCalls {
+    let calls = arrivals
+        .iter()
+        .map(|a| Summary {
+            describe: a.describe(),
+            signature: match a {
+                Arrival::Report { .. } => "report".into(),
+                Arrival::Collective(call) => call.signature_text(),
+            },
+        })
+        .collect::<Vec<_>>();
+    let agree = calls.windows(2).all(|w| w[0].signature == w[1].signature);
+    let mut parts = Vec::new();
+    if agree {
+        let collective: Vec<&Call> = arrivals
+            .iter()
+            .filter_map(|a| match a {
+                Arrival::Collective(call) => Some(call),
+                Arrival::Report { .. } => None,
+            })
+            .collect();
+        match collective.first() {
+            Some(Call::AllReduce { op, .. }) => {
+                let values = collective
+                    .iter()
+                    .filter_map(|c| match c {
+                        Call::AllReduce { values, .. } => Some(values.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                parts.push(collective::partial(values, *op).to_le_bytes());
+            }
+            Some(Call::AllGather { .. }) => parts.extend(collective.iter().map(|c| match c {
+                Call::AllGather { data } => data.clone(),
+                _ => Vec::new(),
+            })),
+            Some(Call::Broadcast { root, .. }) => {
+                if let Some(Call::Broadcast { data, .. }) = root
+                    .checked_sub(first)
+                    .and_then(|i| collective.get(i as usize))
+                {
+                    parts.push(data.clone());
+                }
+            }
+            Some(Call::Barrier) | None => {}
+        }
+    }
+    NodeCalls { calls, parts }
+}
+
+fn join_parts(parts: Vec<Vec<u8>>) -> (Vec<u8>, Vec<u64>) {
+    let lengths = parts.iter().map(|p| p.len() as u64).collect();
+    (parts.concat(), lengths)
+}
+
+fn encode_settlement(attempt: u64, round: u64, settlement: &Settlement) -> Message {
+    let (payload, parts) = join_parts(settlement.parts.clone());
+    Message {
+        header: Header::Settle {
+            attempt,
+            round,
+            outcome: settlement.outcome.clone(),
+            parts,
+        },
+        payload,
+    }
+}
+
+fn decode_settlement(message: Message) -> Option<Settlement> {
+    let Header::Settle { outcome, parts, .. } = message.header else {
+        return None;
+    };
+    let parts = wire::split(&message.payload, &parts).ok()?;
+    Some(Settlement { outcome, parts })
+}
+
+/// Tell the other nodes that this attempt failed here.
+pub(super) fn tell_failure(link: &Link, attempt: u64, failure: &crate::failure::RunFailure) {
+    link.send_to_others(&Message::new(Header::Failed {
+        attempt,
+        failure: failure.clone(),
+    }));
+}

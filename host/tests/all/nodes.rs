@@ -1,0 +1,348 @@
+//! Runs over several hosts: one trainhost per node under a real `mpiexec`
+//! (MPICH), the nodes on loopback, oversubscribed on this machine's cores.
+//! Built only with the `mpi` feature (`scripts/test.sh` runs them so).
+//!
+//! Without `mpiexec` the tests are skipped, saying so, unless
+//! `TRAINHOST_REQUIRE_MPI=1` (CI).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+use crate::util::*;
+use trainhost_test_artifacts::DIGITS_MLP;
+
+/// Whether `mpiexec` can be run (else the test is skipped, or fails in CI).
+fn have_mpiexec() -> bool {
+    if Command::new("mpiexec").arg("--version").output().is_ok() {
+        return true;
+    }
+    assert!(
+        std::env::var("TRAINHOST_REQUIRE_MPI").as_deref() != Ok("1"),
+        "mpiexec is not installed and TRAINHOST_REQUIRE_MPI=1: install MPICH (apt-get install mpich)"
+    );
+    eprintln!("skipped: mpiexec is not installed (install MPICH: apt-get install mpich)");
+    false
+}
+
+/// `mpiexec` with `sections`, each `(processes, trainhost run arguments)`
+/// (several sections give nodes different arguments), in `dir`.
+fn mpiexec(sections: &[(u32, Vec<String>)], dir: &Path) -> (bool, String, String) {
+    let mut command = Command::new("mpiexec");
+    for (i, (n, args)) in sections.iter().enumerate() {
+        if i > 0 {
+            command.arg(":");
+        }
+        command
+            .args(["-n", &n.to_string()])
+            .arg(env!("CARGO_BIN_EXE_trainhost"))
+            .arg("run")
+            .args(args);
+    }
+    let out: Output = command
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env("TRAINHOST_CACHE_DIR", dir.join("compile-cache"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `trainhost run` arguments for the scripted test guest.
+fn scripted_args(workers: u32, steps: Value, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        TEST_GUEST,
+        "--workers",
+        &workers.to_string(),
+        "--config",
+        &json!({ "steps": steps }).to_string(),
+        "--storage",
+        "st",
+        "--name",
+        "t",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args
+}
+
+/// Lines a rank printed, from mpiexec's merged output.
+fn rank_lines(stdout: &str, rank: u32) -> Vec<&str> {
+    let prefix = format!("[rank {rank}] ");
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .collect()
+}
+
+#[test]
+fn every_rank_knows_its_place_over_two_nodes() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let args = scripted_args(
+        4,
+        json!([{"print_context": true}, {"report": {"i": 1}}]),
+        &[],
+    );
+    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    for rank in 0..4 {
+        let want = format!(
+            "context: rank={rank} size=4 local_rank={} local_size=2 node={} run=t",
+            rank % 2,
+            rank / 2
+        );
+        assert!(
+            rank_lines(&stdout, rank)
+                .iter()
+                .any(|l| l.starts_with(&want)),
+            "{want}\n{stdout}"
+        );
+    }
+    assert!(
+        stderr.contains("1 reports, 0 checkpoints retained"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("node 1 of 2: its ranks are done"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn collectives_span_the_nodes_with_one_result_everywhere() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let len = 100_000;
+    let steps = json!([
+        {"barrier": true},
+        {"broadcast": "from {rank}", "root": 3},
+        {"all_gather": "r{rank}"},
+        {"all_reduce": "s64", "len": len, "op": "sum"},
+        {"all_reduce": "f64", "len": 1000, "op": "mean"},
+        {"report": {"done": true}},
+    ]);
+    let (ok, stdout, stderr) = mpiexec(&[(3, scripted_args(6, steps, &[]))], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    let sum = crate::collective::expected(6, "s64", "sum", len);
+    let mean: Vec<String> = (0..6)
+        .map(|r| {
+            rank_lines(&stdout, r)
+                .into_iter()
+                .filter(|l| l.starts_with("all_reduce: 1000 "))
+                .collect()
+        })
+        .collect();
+    for rank in 0..6 {
+        let lines = rank_lines(&stdout, rank);
+        for want in [
+            "barrier ok",
+            "broadcast: from 3",
+            "all_gather: r0|r1|r2|r3|r4|r5",
+            sum.as_str(),
+        ] {
+            assert!(lines.contains(&want), "rank {rank}: {want}\n{stdout}");
+        }
+        // Combined once, on node 0: the same bits on every rank.
+        assert_eq!(mean[rank as usize], mean[0], "{stdout}");
+    }
+}
+
+#[test]
+fn calls_that_differ_across_nodes_fail_every_node_naming_each_rank() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"barrier": true, "ranks": [3]},
+        {"report": {"i": 0}, "ranks": [0, 1, 2]},
+    ]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, scripted_args(4, steps, &[]))], dir.path());
+    assert!(!ok, "{stdout}\n{stderr}");
+    let want = "error: the run failed: collective protocol violation: the 1st collective call does not match: rank 0 called report, rank 1 called report, rank 2 called report, rank 3 called barrier";
+    assert_eq!(
+        stderr.matches(want).count(),
+        2,
+        "on both nodes: {stdout}\n{stderr}"
+    );
+}
+
+#[test]
+fn a_trap_on_one_node_restarts_every_node_from_the_checkpoint() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"write": "ck/attempt", "text": "{next_attempt}", "ranks": [0]},
+        {"report": {"attempt": "{attempt}"}, "checkpoint": "ck", "ranks": [0]},
+        {"report": {"attempt": "{attempt}"}, "ranks": [1, 2, 3]},
+        {"panic": "rank 3 breaks", "ranks": [3], "when_attempt": [0]},
+        {"all_reduce": "s64", "len": 10, "op": "sum"},
+        {"print": "done in attempt {attempt}"},
+    ]);
+    let args = scripted_args(4, steps, &["--max-failures", "1"]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    // Attempt 1 restored the checkpoint node 0 committed, on every node.
+    let sum = crate::collective::expected(4, "s64", "sum", 10);
+    for rank in 0..4 {
+        let lines = rank_lines(&stdout, rank);
+        assert!(
+            lines.contains(&"done in attempt 1"),
+            "rank {rank}\n{stdout}"
+        );
+        assert!(lines.contains(&sum.as_str()), "rank {rank}\n{stdout}");
+    }
+    assert!(stderr.contains("failures: 1"), "{stderr}");
+    assert!(stderr.contains("rank 3 trapped"), "{stderr}");
+}
+
+#[test]
+fn only_node_zero_ranks_report_checkpoint_files() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"write": "ck/w", "text": "x"},
+        {"report": {"i": 0}, "checkpoint": "ck", "ranks": [2]},
+        {"report": {"i": 0}, "checkpoint": "ck", "ranks": [0, 1, 3]},
+    ]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, scripted_args(4, steps, &[]))], dir.path());
+    // Rank 2's refused report does not count: it goes on to its next step
+    // and the ranks' numbers of reports differ.
+    assert!(!ok, "{stdout}\n{stderr}");
+    let refused = rank_lines(&stdout, 2);
+    assert!(
+        refused.iter().any(|l| l.contains("report refused")
+            && l.contains("only the ranks on node 0 report checkpoint files")),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn nodes_given_different_settings_refuse_to_start() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([{"report": {"i": 0}}]);
+    let node0 = scripted_args(2, steps.clone(), &[]);
+    let node1 = scripted_args(2, json!([{"report": {"i": 1}}]), &["--max-failures", "3"]);
+    let (ok, stdout, stderr) = mpiexec(&[(1, node0), (1, node1)], dir.path());
+    assert!(!ok, "{stdout}\n{stderr}");
+    for what in ["node 1's config differs", "node 1's run settings differ"] {
+        assert_eq!(stderr.matches(what).count(), 2, "{what}: {stderr}");
+    }
+    assert!(!dir.path().join("st/t").exists(), "nothing started");
+}
+
+#[test]
+fn storage_that_is_not_shared_refuses_to_start() {
+    if !have_mpiexec() {
+        return;
+    }
+    // The same relative --storage, but each node in its own directory.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let args = scripted_args(2, json!([{"report": {"i": 0}}]), &[]);
+    let mut command = Command::new("mpiexec");
+    for (i, wdir) in [&a, &b].iter().enumerate() {
+        if i > 0 {
+            command.arg(":");
+        }
+        command
+            .args(["-n", "1", "-wdir"])
+            .arg(wdir)
+            .arg(env!("CARGO_BIN_EXE_trainhost"))
+            .arg("run")
+            .args(&args);
+    }
+    let out = command
+        .env("TRAINHOST_CACHE_DIR", dir.path().join("compile-cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("is not shared by every node: node 1 finds nothing at")
+            .count(),
+        2,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_digits_example_trains_over_two_nodes_as_on_one() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |sections: &[(u32, Vec<String>)]| {
+        let (ok, stdout, stderr) = mpiexec(sections, dir.path());
+        assert!(ok, "{stdout}\n{stderr}");
+        let json: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("result.json")).unwrap())
+                .unwrap();
+        json["metrics"]["val_accuracy"].as_f64().unwrap()
+    };
+    let args = |name: &str| -> Vec<String> {
+        [
+            DIGITS_MLP,
+            "--workers",
+            "4",
+            "--storage",
+            "st",
+            "--name",
+            name,
+            "--result-json",
+            "result.json",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    };
+    let two_nodes = run(&[(2, args("nodes"))]);
+    let one_host = run(&[(1, args("host"))]);
+    assert!(two_nodes >= 0.95, "{two_nodes}");
+    assert!(
+        (two_nodes - one_host).abs() <= 0.01,
+        "{two_nodes} vs {one_host}"
+    );
+}
+
+#[test]
+fn a_node_whose_ranks_do_not_arrive_times_out_naming_it() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"sleep_ms": 60_000, "ranks": [2, 3]},
+        {"report": {"i": 0}},
+    ]);
+    let args = scripted_args(4, steps, &["--report-timeout", "1s"]);
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    assert!(!ok, "{stdout}\n{stderr}");
+    let want = "error: the run failed: collective protocol violation: the ranks on node 0 waited 1s in their 1st collective call for the ranks on node 1, which did not arrive";
+    assert_eq!(stderr.matches(want).count(), 2, "on both nodes: {stderr}");
+    // The sleeping ranks were stopped, not waited for.
+    assert!(started.elapsed() < std::time::Duration::from_secs(50));
+}
