@@ -165,6 +165,8 @@ struct Shared {
     preemption_told: AtomicBool,
     /// The watcher stopped the ranks when the grace period ran out.
     stopped_for_preemption: AtomicBool,
+    /// The other nodes know that a stop was requested.
+    preemption_shared: AtomicBool,
 }
 
 impl Attempt {
@@ -216,6 +218,7 @@ impl Attempt {
                 preempt_after: OnceLock::new(),
                 preemption_told: AtomicBool::new(false),
                 stopped_for_preemption: AtomicBool::new(false),
+                preemption_shared: AtomicBool::new(false),
             }),
         }
     }

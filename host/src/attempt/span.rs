@@ -188,7 +188,9 @@ impl Shared {
         let Some(Arrival::Collective(call)) = mine.first() else {
             // Every rank reported: only node 0 records.
             return settled(match self.record(mine) {
-                Outcome::Recorded => Settled::Recorded,
+                Outcome::Recorded => Settled::Recorded {
+                    preempt_after: self.preempt_after.get().copied(),
+                },
                 Outcome::Refused(collision) => Settled::Refused(collision.to_string()),
                 _ => Settled::Failed,
             });
@@ -263,7 +265,14 @@ impl Shared {
     fn local_outcome(&self, shapes: &[Shape], settlement: Settlement) -> Outcome {
         let Settlement { outcome, parts } = settlement;
         match outcome {
-            Settled::Recorded => Outcome::Recorded,
+            Settled::Recorded { preempt_after } => {
+                // Latched on node 0: every rank sees the request after the
+                // same report, on every node.
+                if let Some(after) = preempt_after {
+                    self.preempt_after.get_or_init(|| after);
+                }
+                Outcome::Recorded
+            }
             Settled::Refused(message) => Outcome::RefusedElsewhere(message),
             Settled::Failed => {
                 // Node 0 failed recording; its failure reaches this node.
@@ -416,6 +425,31 @@ fn decode_settlement(message: Message) -> Option<Settlement> {
     };
     let parts = wire::split(&message.payload, &parts).ok()?;
     Some(Settlement { outcome, parts })
+}
+
+/// Pass stop requests between the nodes: one made here (a signal to this
+/// node's process) is sent to the others once, and one made elsewhere is
+/// made here. Called by the watcher, every poll.
+pub(super) fn share_preemption(shared: &Shared, span: &Span) {
+    let link = &span.link;
+    let mine =
+        |_: u32, h: &Header| matches!(h, Header::Preempt { attempt } if *attempt == span.attempt);
+    if link.take(mine, || true).is_some() {
+        // Already known everywhere: the node it came from told them all.
+        shared
+            .preemption_shared
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        shared.preemption.request();
+    }
+    if shared.preemption.is_requested()
+        && !shared
+            .preemption_shared
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        link.send_to_others(&Message::new(Header::Preempt {
+            attempt: span.attempt,
+        }));
+    }
 }
 
 /// Tell the other nodes that this attempt failed here.

@@ -19,6 +19,9 @@ pub(super) fn watch(attempt: &Shared, done: &AtomicBool) {
     let mut stop_at: Option<Instant> = None;
     while !done.load(Ordering::SeqCst) {
         attempt.check_background();
+        if let Some(span) = &attempt.span {
+            super::span::share_preemption(attempt, span);
+        }
         // Another node failed: stop here too, at once (not at the next
         // collective call).
         if let Some(span) = &attempt.span

@@ -41,6 +41,8 @@ pub(crate) enum Header {
     },
     /// Any node to every other: the attempt failed here.
     Failed { attempt: u64, failure: RunFailure },
+    /// Any node to every other: a stop was requested here (a signal).
+    Preempt { attempt: u64 },
     /// Node 0 to every node: its ranks have all ended the attempt; a rank
     /// still calling is a violation.
     Over { attempt: u64 },
@@ -78,7 +80,11 @@ pub(crate) struct Summary {
 /// A round's outcome as node 0 tells it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) enum Settled {
-    Recorded,
+    /// With the number of reports after which every rank sees preemption
+    /// requested, once node 0 has latched it.
+    Recorded {
+        preempt_after: Option<u64>,
+    },
     Refused(String),
     Failed,
     Invalid(String),

@@ -346,3 +346,82 @@ fn a_node_whose_ranks_do_not_arrive_times_out_naming_it() {
     // The sleeping ranks were stopped, not waited for.
     assert!(started.elapsed() < std::time::Duration::from_secs(50));
 }
+
+/// The process of node `node` among those running in `dir` (its working
+/// directory), found through `/proc`.
+fn node_process(dir: &Path, node: u32) -> Option<i32> {
+    let want = format!("PMI_RANK={node}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cwd = std::fs::read_link(entry.path().join("cwd")).ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let exe = std::fs::read_link(entry.path().join("exe")).ok()?;
+            (cwd == dir
+                && exe.file_name()? == "trainhost"
+                && environ.split(|b| *b == 0).any(|v| v == want.as_bytes()))
+            .then_some(pid)
+        })
+}
+
+#[test]
+fn a_stop_requested_on_one_node_reaches_every_rank_on_every_node() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().canonicalize().unwrap();
+    let args = scripted_args(4, json!([{"until_preempted": true}]), &[]);
+    let child = Command::new("mpiexec")
+        .args(["-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_trainhost"))
+        .arg("run")
+        .args(&args)
+        .current_dir(&dir_path)
+        .env("RUST_LOG", "warn")
+        .env("TRAINHOST_CACHE_DIR", dir_path.join("compile-cache"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the ranks are reporting, signal node 1's process only.
+    let history = dir_path.join("st/t/metrics.jsonl");
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(&history).map_or(0, |h| h.lines().count()) < 3 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no reports"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = node_process(&dir_path, 1).expect("node 1's process");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Both nodes stop early and resumably (the launcher passes the code on).
+    assert_eq!(out.status.code(), Some(75), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr
+            .matches("stopped early on request; resume with")
+            .count(),
+        2,
+        "{stderr}"
+    );
+    // Every rank saw the request after the same report.
+    let at: Vec<&str> = (0..4)
+        .map(|r| {
+            rank_lines(&stdout, r)
+                .into_iter()
+                .find(|l| l.starts_with("preempted at "))
+                .unwrap_or_else(|| panic!("rank {r}: {stdout}"))
+        })
+        .collect();
+    assert!(at.iter().all(|a| *a == at[0]), "{at:?}");
+}
