@@ -13,6 +13,7 @@ mod fuzz_corpus;
 mod hand_over;
 #[cfg(not(feature = "mpi"))]
 mod launch;
+mod launchers;
 mod limits;
 #[cfg(feature = "mpi")]
 mod nodes;
