@@ -19,5 +19,8 @@ fi
 export TRAINHOST_AWS_CLI="$awsdir/bin/aws"
 export AWS_EC2_METADATA_DISABLED=true
 
-cargo build --release -p trainhost -p trainhost-bench
+# The `nodes` group runs trainhost under mpiexec, against a bare
+# MPI_Allreduce: both need MPICH.
+scripts/install-mpi.sh
+cargo build --release -p trainhost -p trainhost-bench --features trainhost-bench/mpi
 exec target/release/trainhost-bench "$@"

@@ -63,9 +63,9 @@ impl Values {
     /// The values as little-endian bytes, to send to another node.
     pub(crate) fn to_le_bytes(&self) -> Vec<u8> {
         match self {
-            Values::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Values::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Values::S64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Values::F32(v) => to_bytes(v, f32::to_le_bytes),
+            Values::F64(v) => to_bytes(v, f64::to_le_bytes),
+            Values::S64(v) => to_bytes(v, i64::to_le_bytes),
         }
     }
 
@@ -73,23 +73,59 @@ impl Values {
     /// if the length does not fit the type.
     pub(crate) fn from_le_bytes(like: &Values, bytes: &[u8]) -> Option<Values> {
         Some(match like {
-            Values::F32(_) => Values::F32(chunks(bytes, f32::from_le_bytes)?),
-            Values::F64(_) => Values::F64(chunks(bytes, f64::from_le_bytes)?),
-            Values::S64(_) => Values::S64(chunks(bytes, i64::from_le_bytes)?),
+            Values::F32(_) => Values::F32(from_bytes(bytes, f32::from_le_bytes)?),
+            Values::F64(_) => Values::F64(from_bytes(bytes, f64::from_le_bytes)?),
+            Values::S64(_) => Values::S64(from_bytes(bytes, i64::from_le_bytes)?),
         })
     }
 }
 
-fn chunks<T, const N: usize>(bytes: &[u8], f: fn([u8; N]) -> T) -> Option<Vec<T>> {
+/// A plain number type whose every bit pattern is a value.
+trait Plain: Copy + Default {}
+impl Plain for f32 {}
+impl Plain for f64 {}
+impl Plain for i64 {}
+
+/// `values` as little-endian bytes: one copy of their memory on a
+/// little-endian machine (64 MiB element by element took ~10× as long).
+fn to_bytes<T: Plain, const N: usize>(values: &[T], each: fn(T) -> [u8; N]) -> Vec<u8> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: T is a plain number of N bytes without padding; its
+        // memory is its little-endian bytes.
+        unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+        }
+        .to_vec()
+    } else {
+        values.iter().flat_map(|v| each(*v)).collect()
+    }
+}
+
+/// Numbers from little-endian `bytes`, `None` if they do not divide.
+fn from_bytes<T: Plain, const N: usize>(bytes: &[u8], each: fn([u8; N]) -> T) -> Option<Vec<T>> {
     if !bytes.len().is_multiple_of(N) {
         return None;
     }
-    Some(
-        bytes
-            .chunks_exact(N)
-            .map(|c| f(c.try_into().expect("N bytes")))
-            .collect(),
-    )
+    if cfg!(target_endian = "little") {
+        let mut out = vec![T::default(); bytes.len() / N];
+        // SAFETY: `out` holds exactly `bytes.len()` bytes of plain numbers,
+        // for which every bit pattern is a value; the two do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                out.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            );
+        }
+        Some(out)
+    } else {
+        Some(
+            bytes
+                .chunks_exact(N)
+                .map(|c| each(c.try_into().expect("N bytes")))
+                .collect(),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,13 @@ pub const SMALL_ALL_REDUCE_VS_REPORT: f64 = 10.0;
 /// Data-parallel samples per second with 2 ranks against 1 on 2 cores.
 pub const SCALING_2_RANKS: f64 = 1.8;
 
+/// An all-reduce across 2 nodes against a bare `MPI_Allreduce` of the
+/// same bytes between the same processes: at least 0.8 × its bandwidth.
+pub const NODES_VS_MPI: f64 = 1.25;
+/// The all-reduce of 4 ranks in one trainhost against `MPI_Allreduce`
+/// among 4 processes on the same machine.
+pub const IN_PROCESS_VS_MPI: f64 = 0.5;
+
 /// The goal column of a row that compares without a goal of its own.
 pub fn comparison(what: &str) -> String {
     format!("comparison, no project goal ({what})")
@@ -45,7 +52,10 @@ pub fn describe() -> String {
          the guest's SGD ≤ {} × native; S3 upload ≥ {} × faster than `aws s3 cp` \
          with ≤ {} × its CPU; ≤ {} MiB per rank up to 64 ranks; an all-reduce of 64 MiB \
          ≤ {} × a copy of the same bytes, a small one the same order as `report` \
-         (< {} ×), data-parallel training ≥ {} × the samples/s with 2 ranks on 2 cores. \
+         (< {} ×), data-parallel training ≥ {} × the samples/s with 2 ranks on 2 cores; \
+         an all-reduce across 2 nodes ≥ {} × the bandwidth of a bare `MPI_Allreduce` \
+         between the same processes, and 4 ranks in one trainhost ≤ {} × the time of \
+         `MPI_Allreduce` among 4 processes. \
          **met** is computed \
          against them; a row whose baseline is not the one a goal is stated against \
          is marked as a comparison and claims nothing.\n",
@@ -61,5 +71,7 @@ pub fn describe() -> String {
         ALL_REDUCE_VS_COPY,
         SMALL_ALL_REDUCE_VS_REPORT,
         SCALING_2_RANKS,
+        1.0 / NODES_VS_MPI,
+        IN_PROCESS_VS_MPI,
     )
 }

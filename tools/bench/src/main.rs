@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Parser;
 
-use groups::{blocked, cli, collective, persist, ranks, report, restart, s3, sgd};
+use groups::{blocked, cli, collective, nodes, persist, ranks, report, restart, s3, sgd};
 
 #[derive(Parser, Debug)]
 #[command(about = "Run trainhost's benchmarks, each against a baseline in the same run")]
@@ -31,7 +31,8 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
     /// Run only the groups whose names contain one of these words
-    /// (report, persist, blocked, restart, cli, sgd, s3, ranks, collective).
+    /// (report, persist, blocked, restart, cli, sgd, s3, ranks, collective,
+    /// nodes).
     #[arg(long, value_name = "GROUP")]
     only: Vec<String>,
     /// The `trainhost` binary for the CLI measures. Default: next to this
@@ -73,11 +74,11 @@ fn main() -> Result<()> {
     if want("restart") {
         rows.extend(restart::restart(reps, cache.path())?);
     }
+    let bin = match &args.trainhost {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?.with_file_name("trainhost"),
+    };
     if want("cli") {
-        let bin = match &args.trainhost {
-            Some(b) => b.clone(),
-            None => std::env::current_exe()?.with_file_name("trainhost"),
-        };
         if bin.exists() {
             rows.extend(cli::cli(&bin, if args.quick { 2 } else { 7 })?);
         } else {
@@ -98,6 +99,24 @@ fn main() -> Result<()> {
     }
     if want("collective") {
         rows.extend(collective::collective(args.quick, reps)?);
+    }
+    if want("nodes") {
+        let baseline = std::env::current_exe()?.with_file_name("mpi-allreduce");
+        if baseline.exists() && bin.exists() {
+            let programs = nodes::Programs {
+                trainhost: &bin,
+                baseline: &baseline,
+            };
+            match nodes::nodes(&programs, args.quick, reps) {
+                Ok(r) => rows.extend(r),
+                Err(e) => skipped.push(format!("nodes: {e:#}")),
+            }
+        } else {
+            skipped.push(format!(
+                "nodes: no mpi-allreduce beside this program or no trainhost at {} (build both with `--features trainhost-bench/mpi`, as scripts/bench.sh does)",
+                bin.display()
+            ));
+        }
     }
     if want("ranks") {
         rows.extend(ranks::ranks(args.quick, cache.path())?);

@@ -58,7 +58,7 @@ pub struct RunArgs {
     resume_from: Option<String>,
 
     /// Write the run's result (checkpoints, metrics, history, error) to
-    /// this file as JSON.
+    /// this file as JSON. In a run over several hosts, node 0 writes it.
     #[arg(long, value_name = "FILE")]
     result_json: Option<PathBuf>,
 
@@ -302,7 +302,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let preemption = Preemption::new();
     forward_signals(preemption.clone())?;
     let result = builder.preemption(preemption).build()?.fit()?;
-    if let Some(path) = &args.result_json {
+    // Node 0 holds the run's result; other nodes would write a thin one
+    // over it where the path is shared.
+    if let Some(path) = args.result_json.as_ref().filter(|_| result.node.0 == 0) {
         let json = serde_json::to_vec_pretty(&result.to_json())?;
         std::fs::write(path, json)
             .with_context(|| format!("cannot write --result-json {}", path.display()))?;

@@ -3,6 +3,7 @@
 pub(crate) mod blocked;
 pub(crate) mod cli;
 pub(crate) mod collective;
+pub(crate) mod nodes;
 pub(crate) mod persist;
 pub(crate) mod ranks;
 pub(crate) mod report;
