@@ -237,6 +237,18 @@ impl Link {
         Message::decode(envelope.bytes).ok().map(|m| (from, m))
     }
 
+    /// The next message from node `from` whose header `wanted` accepts,
+    /// however long it takes: for the steps every node goes through
+    /// together (start, the end of an attempt), where a node that died
+    /// ends the job anyway.
+    pub fn receive(&self, from: u32, wanted: impl Fn(&Header) -> bool) -> Message {
+        loop {
+            if let Some((_, message)) = self.take(|f, h| f == from && wanted(h), || false) {
+                return message;
+            }
+        }
+    }
+
     /// The header of a waiting message from `from` that `wanted` accepts;
     /// the message stays.
     pub fn find(&self, from: u32, wanted: impl Fn(&Header) -> bool) -> Option<Header> {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::{Trainer, nodes};
-use crate::attempt::{Attempt, AttemptSetup, Ended, Records, RestoreCache, Span};
+use crate::attempt::{Attempt, AttemptSetup, Ended, Records, Span};
 use crate::checkpoint::Checkpoint;
 use crate::cluster::wire::{Header, Message, Next};
 use crate::cluster::{Layout, Link};
@@ -25,12 +25,11 @@ use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::owner::Owner;
 use crate::result::TrainResult;
-use crate::runtime::{GuestComponent, RESTORE_GUEST_PATH, RankShared};
+use crate::runtime::GuestComponent;
 use crate::storage::Storage;
 use crate::sync::Syncer;
 
-use super::gang::{Gang, create_dir};
-use super::workdir::WorkDir;
+use super::gang::Site;
 
 pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
     if tokio::runtime::Handle::try_current().is_ok() {
@@ -175,22 +174,8 @@ fn fit_owned(
         None => None,
     };
 
-    let work = WorkDir::create()?;
-    let restore_root = work.path().join("checkpoints");
-    create_dir(&restore_root, "create the restore directory")?;
-    let gang = Gang {
-        guest,
-        work: work.path(),
-        restore_root: &restore_root,
-        shared: RankShared {
-            config_json: config_json.into(),
-            run_name: run_name.clone().into(),
-            output: Arc::clone(&trainer.output),
-            limits: run.limits.clone(),
-        },
-        layout,
-    };
-    let restore = Arc::new(RestoreCache::new(restore_root.clone(), RESTORE_GUEST_PATH));
+    let site = Site::create()?;
+    let gang = site.gang(trainer, guest, &run_name, layout);
     tracing::info!(run = %run_storage.url(), ranks = world_size, "starting run");
     let syncer = match (&run.sync, local_run_dir) {
         (Some(sync), Some(dir)) => {
@@ -234,9 +219,9 @@ fn fit_owned(
             records: Records::Here(Arc::clone(&ledger)),
             snapshots: run
                 .persist_in_background
-                .then(|| work.path().join("snapshots")),
-            handed_over: work.path().join("handed-over"),
-            restore: Arc::clone(&restore),
+                .then(|| site.work.path().join("snapshots")),
+            handed_over: site.work.path().join("handed-over"),
+            restore: Arc::clone(&site.restore),
             resume_from: resume_from.clone(),
             preemption: trainer.preemption.clone(),
             grace: run.preemption_grace,
@@ -310,7 +295,8 @@ fn fit_owned(
             },
         }));
     }
-    drop(work);
+    drop(gang);
+    drop(site);
     Ok(result)
 }
 

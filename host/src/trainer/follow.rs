@@ -6,17 +6,16 @@
 use std::sync::Arc;
 
 use super::Trainer;
-use super::gang::{Gang, create_dir};
+use super::gang::Site;
 use super::nodes::message_attempt;
-use super::workdir::WorkDir;
-use crate::attempt::{Attempt, AttemptSetup, Ended, Records, RestoreCache, Span};
+use crate::attempt::{Attempt, AttemptSetup, Ended, Records, Span};
 use crate::checkpoint::Checkpoint;
 use crate::cluster::wire::{Header, Message, Next};
 use crate::cluster::{Layout, Link};
 use crate::error::Error;
 use crate::failure::{FailureKind, RunFailure};
 use crate::result::TrainResult;
-use crate::runtime::{GuestComponent, RESTORE_GUEST_PATH, RankShared};
+use crate::runtime::GuestComponent;
 use crate::storage::Storage;
 
 /// Run each attempt node 0 starts, until node 0 says the run is over.
@@ -30,24 +29,8 @@ pub(super) fn follow(
     storage: Storage,
 ) -> Result<TrainResult, Error> {
     let run = &trainer.run;
-    let work = WorkDir::create()?;
-    let restore_root = work.path().join("checkpoints");
-    create_dir(&restore_root, "create the restore directory")?;
-    let gang = Gang {
-        guest,
-        work: work.path(),
-        restore_root: &restore_root,
-        shared: RankShared {
-            config_json: serde_json::to_string(&trainer.config)
-                .expect("JSON values serialize")
-                .into(),
-            run_name: run_name.clone().into(),
-            output: Arc::clone(&trainer.output),
-            limits: run.limits.clone(),
-        },
-        layout,
-    };
-    let restore = Arc::new(RestoreCache::new(restore_root.clone(), RESTORE_GUEST_PATH));
+    let site = Site::create()?;
+    let gang = site.gang(trainer, guest, &run_name, layout);
     tracing::info!(
         node = layout.node,
         nodes = layout.nodes,
@@ -55,12 +38,7 @@ pub(super) fn follow(
         "following node 0"
     );
     loop {
-        let (_, message) = link
-            .take(
-                |from, h| from == 0 && matches!(h, Header::Attempt { .. }),
-                || false,
-            )
-            .expect("waits until it arrives");
+        let message = link.receive(0, |h| matches!(h, Header::Attempt { .. }));
         let Header::Attempt { attempt, next } = message.header else {
             unreachable!("taken as an attempt");
         };
@@ -71,7 +49,8 @@ pub(super) fn follow(
                 preempted,
                 failures,
             } => {
-                drop(work);
+                drop(gang);
+                drop(site);
                 return Ok(TrainResult {
                     path: storage.child(&run_name).url().to_owned(),
                     run_name,
@@ -113,8 +92,8 @@ pub(super) fn follow(
                     resume,
                 },
                 snapshots: None,
-                handed_over: work.path().join("handed-over"),
-                restore: Arc::clone(&restore),
+                handed_over: site.work.path().join("handed-over"),
+                restore: Arc::clone(&site.restore),
                 resume_from: None,
                 preemption: trainer.preemption.clone(),
                 grace: run.preemption_grace,

@@ -2,20 +2,71 @@
 //! runs for each attempt.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::attempt::{Attempt, Ended};
+use super::Trainer;
+use super::workdir::WorkDir;
+use crate::attempt::{Attempt, Ended, RestoreCache};
 use crate::cluster::Layout;
 use crate::error::Error;
-use crate::runtime::{GuestComponent, RankDirs, RankInfo, RankShared, run_rank};
+use crate::runtime::{
+    GuestComponent, RESTORE_GUEST_PATH, RankDirs, RankInfo, RankShared, run_rank,
+};
+
+/// Where a host's ranks live during a run: its working directory (the
+/// ranks' scratch directories, snapshots, directories handed over) and the
+/// local copies of restored checkpoints, which every rank sees read-only.
+pub(super) struct Site {
+    pub work: WorkDir,
+    restore_root: PathBuf,
+    pub restore: Arc<RestoreCache>,
+}
+
+impl Site {
+    pub fn create() -> Result<Self, Error> {
+        let work = WorkDir::create()?;
+        let restore_root = work.path().join("checkpoints");
+        create_dir(&restore_root, "create the restore directory")?;
+        Ok(Self {
+            restore: Arc::new(RestoreCache::new(restore_root.clone(), RESTORE_GUEST_PATH)),
+            work,
+            restore_root,
+        })
+    }
+
+    /// The ranks of `trainer`'s run `run_name` on this host.
+    pub fn gang<'a>(
+        &'a self,
+        trainer: &Trainer,
+        guest: &'a GuestComponent,
+        run_name: &str,
+        layout: Layout,
+    ) -> Gang<'a> {
+        Gang {
+            guest,
+            work: self.work.path(),
+            restore_root: &self.restore_root,
+            shared: RankShared {
+                config_json: serde_json::to_string(&trainer.config)
+                    .expect("JSON values serialize")
+                    .into(),
+                run_name: run_name.into(),
+                output: Arc::clone(&trainer.output),
+                limits: trainer.run.limits.clone(),
+            },
+            layout,
+        }
+    }
+}
 
 /// The ranks of a run on this host, and where they live.
 pub(super) struct Gang<'a> {
-    pub guest: &'a GuestComponent,
+    guest: &'a GuestComponent,
     /// The run's working directory.
-    pub work: &'a Path,
-    pub restore_root: &'a Path,
-    pub shared: RankShared,
-    pub layout: Layout,
+    work: &'a Path,
+    restore_root: &'a Path,
+    shared: RankShared,
+    layout: Layout,
 }
 
 impl Gang<'_> {
@@ -57,7 +108,7 @@ impl Gang<'_> {
     }
 }
 
-pub(super) fn create_dir(dir: &Path, operation: &'static str) -> Result<(), Error> {
+fn create_dir(dir: &Path, operation: &'static str) -> Result<(), Error> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
         operation,

@@ -42,12 +42,7 @@ pub(super) fn agree(
 ) -> Result<(String, bool), Error> {
     if link.index() != 0 {
         link.send(0, &Message::new(Header::Hello { fingerprint: mine }));
-        let (_, message) = link
-            .take(
-                |from, h| from == 0 && matches!(h, Header::Verdict { .. }),
-                || false,
-            )
-            .expect("waits until it arrives");
+        let message = link.receive(0, |h| matches!(h, Header::Verdict { .. }));
         let Header::Verdict { run } = message.header else {
             unreachable!("taken as a verdict");
         };
@@ -55,12 +50,7 @@ pub(super) fn agree(
     }
     let mut differences = Vec::new();
     for node in 1..link.nodes() {
-        let (_, message) = link
-            .take(
-                |from, h| from == node && matches!(h, Header::Hello { .. }),
-                || false,
-            )
-            .expect("waits until it arrives");
+        let message = link.receive(node, |h| matches!(h, Header::Hello { .. }));
         let Header::Hello { fingerprint } = message.header else {
             unreachable!("taken as a hello");
         };
@@ -92,12 +82,7 @@ pub(super) fn agree(
 
 /// Node 0's verdict on the probe, on another node.
 fn probe_verdict(link: &Link) -> Result<(), Error> {
-    let (_, message) = link
-        .take(
-            |from, h| from == 0 && matches!(h, Header::ProbeVerdict { .. }),
-            || false,
-        )
-        .expect("waits until it arrives");
+    let message = link.receive(0, |h| matches!(h, Header::ProbeVerdict { .. }));
     match message.header {
         Header::ProbeVerdict { error: Some(e) } => Err(Error::Cluster(e)),
         _ => Ok(()),
@@ -115,12 +100,7 @@ pub(super) async fn probe(link: &Link, run: &Storage) -> Result<(), Error> {
     }));
     let mut failures = Vec::new();
     for node in 1..link.nodes() {
-        let (_, message) = link
-            .take(
-                |from, h| from == node && matches!(h, Header::ProbeRead { .. }),
-                || false,
-            )
-            .expect("waits until it arrives");
+        let message = link.receive(node, |h| matches!(h, Header::ProbeRead { .. }));
         if let Header::ProbeRead { error: Some(e) } = message.header {
             failures.push(format!("node {node} {e}"));
         }
@@ -141,12 +121,7 @@ pub(super) async fn probe(link: &Link, run: &Storage) -> Result<(), Error> {
 
 /// A node other than 0: read node 0's probe from the run's storage `run`.
 pub(super) async fn answer_probe(link: &Link, run: &Storage) -> Result<(), Error> {
-    let (_, message) = link
-        .take(
-            |from, h| from == 0 && matches!(h, Header::Probe { .. }),
-            || false,
-        )
-        .expect("waits until it arrives");
+    let message = link.receive(0, |h| matches!(h, Header::Probe { .. }));
     let Header::Probe { key, expected } = message.header else {
         unreachable!("taken as a probe");
     };
@@ -212,14 +187,10 @@ pub(super) fn message_attempt(header: &Header) -> Option<u64> {
 /// one.
 pub(super) fn merge_ended(link: &Link, attempt: u64, mut ended: Ended) -> Ended {
     for node in 1..link.nodes() {
-        let (_, message) = link
-            .take(
-                |from, h| {
-                    from == node && matches!(h, Header::Ended { attempt: a, .. } if *a == attempt)
-                },
-                || false,
-            )
-            .expect("waits until it arrives");
+        let message = link.receive(
+            node,
+            |h| matches!(h, Header::Ended { attempt: a, .. } if *a == attempt),
+        );
         if let Header::Ended {
             failure,
             stop_requested,
