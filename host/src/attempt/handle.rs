@@ -36,13 +36,8 @@ pub(crate) enum Refused {
     /// The directory could not be handed over (`report-handing-over`).
     #[error(transparent)]
     HandOver(Box<dyn std::error::Error + Send + Sync>),
-    /// A rank on a node other than node 0 reported checkpoint files.
-    #[error(
-        "{path}: this rank runs on node {node}, and in a run over several hosts only the ranks on node 0 report checkpoint files for now; report the checkpoint from rank 0 (data-parallel ranks hold the same state) and metrics from every rank"
-    )]
-    NotOnNodeZero { path: String, node: u32 },
     /// Node 0 refused the report (ranks wrote different bytes under one
-    /// path, R7).
+    /// path, R7, maybe on different nodes).
     #[error("{0}")]
     Elsewhere(String),
 }
@@ -123,14 +118,6 @@ impl RankHandle {
         metrics: Metrics,
         checkpoint: Option<Reported<'_>>,
     ) -> Result<Result<(), Refused>, Aborted> {
-        if let (Some(reported), Some(span)) = (&checkpoint, &self.attempt.span)
-            && span.link.index() != 0
-        {
-            return Ok(Err(Refused::NotOnNodeZero {
-                path: reported.shown.to_owned(),
-                node: span.link.index(),
-            }));
-        }
         let capture = match checkpoint {
             None => None,
             Some(reported) => match self.capture(reported) {
@@ -148,7 +135,8 @@ impl RankHandle {
             shown,
             hand_over,
         } = reported;
-        let mut captured = capture(self.rank, dir, shown)?;
+        // Named by world rank: manifests and collisions speak of those.
+        let mut captured = capture(self.attempt.world_rank(self.rank), dir, shown)?;
         let bytes: u64 = captured.files.iter().map(|(_, size)| size).sum();
         if let Some(limit) = self.attempt.limits.max_checkpoint_bytes
             && bytes > limit

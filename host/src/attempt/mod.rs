@@ -36,6 +36,8 @@ mod queue;
 mod recorder;
 mod restore;
 mod round;
+mod shards;
+mod shipper;
 mod span;
 mod supervisor;
 mod watch;
@@ -56,6 +58,7 @@ use gate::ReportGate;
 use recorder::Recorder;
 use restore::Restorer;
 use round::{Arrival, Outcome};
+use shipper::Shipper;
 use supervisor::Supervisor;
 
 use crate::checkpoint::Checkpoint;
@@ -66,6 +69,7 @@ use crate::executor::{self, IdleWait, LocalFuture};
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::Ledger;
 use crate::preemption::Preemption;
+use crate::storage::Storage;
 
 /// What one attempt needs.
 #[derive(Debug)]
@@ -99,12 +103,19 @@ pub(crate) enum Records {
     /// On this host, in the run's ledger: a run on one host, or node 0.
     Here(Arc<Ledger>),
     /// On node 0, by a node that follows it: the ranks here report
-    /// metrics, and may not report checkpoint files; they restore `resume`
+    /// metrics and checkpoint files, which this node persists into the
+    /// run's directory `run` (node 0 commits them); they restore `resume`
     /// (node 0's choice) if any.
-    Elsewhere {
-        retention: Retention,
-        resume: Option<Checkpoint>,
-    },
+    Elsewhere(Box<Following>),
+}
+
+/// What a node that follows node 0 records with (see [`Records`]).
+#[derive(Debug)]
+pub(crate) struct Following {
+    pub retention: Retention,
+    pub resume: Option<Checkpoint>,
+    /// The run's directory in storage.
+    pub run: Storage,
 }
 
 /// The nodes of a run over several hosts, as an attempt sees them.
@@ -145,6 +156,8 @@ struct Shared {
     gate: ReportGate<Arrival, Outcome>,
     /// `None` on a node that follows node 0.
     recorder: Option<Recorder>,
+    /// On a node that follows node 0: persists its ranks' files.
+    shipper: Option<Shipper>,
     restorer: Restorer,
     retention: Retention,
     span: Option<Span>,
@@ -185,27 +198,44 @@ impl Attempt {
             limits,
             handle,
         } = setup;
+        // Every node's ranks, for manifests.
+        let job_size = span.as_ref().map_or(world_size, |s| s.layout.world_size());
+        let (recorder, shipper) = match (&records, &span) {
+            (Records::Here(ledger), _) => (
+                Some(Recorder::start(
+                    Arc::clone(ledger),
+                    job_size,
+                    snapshots,
+                    handle.clone(),
+                )),
+                None,
+            ),
+            (Records::Elsewhere(following), Some(span)) => (
+                None,
+                Some(Shipper::new(
+                    following.run.clone(),
+                    snapshots,
+                    Arc::clone(&span.link),
+                    span.attempt,
+                    handle.clone(),
+                )),
+            ),
+            (Records::Elsewhere(_), None) => (None, None),
+        };
         Self {
             shared: Arc::new(Shared {
                 world_size,
                 supervisor: Supervisor::new(world_size),
                 gate: ReportGate::new(world_size as usize, report_timeout),
-                recorder: match &records {
-                    Records::Here(ledger) => Some(Recorder::start(
-                        Arc::clone(ledger),
-                        world_size,
-                        snapshots,
-                        handle.clone(),
-                    )),
-                    Records::Elsewhere { .. } => None,
-                },
+                recorder,
+                shipper,
                 retention: match &records {
                     Records::Here(ledger) => ledger.retention().clone(),
-                    Records::Elsewhere { retention, .. } => retention.clone(),
+                    Records::Elsewhere(following) => following.retention.clone(),
                 },
                 restorer: match records {
                     Records::Here(ledger) => Restorer::new(restore, ledger, resume_from),
-                    Records::Elsewhere { resume, .. } => Restorer::given(restore, resume),
+                    Records::Elsewhere(following) => Restorer::given(restore, following.resume),
                 },
                 span,
                 preemption,
@@ -391,18 +421,30 @@ impl Shared {
         })
     }
 
-    /// Fail the attempt if writing reports in the background failed, so
-    /// that ranks stop without waiting for their next report.
+    /// Fail the attempt if writing reports (or this node's checkpoint
+    /// files) in the background failed, so that ranks stop without
+    /// waiting for their next report.
     fn check_background(&self) {
-        if let Some(failed) = self.recorder.as_ref().and_then(Recorder::failure) {
+        let failed = (self.recorder.as_ref().and_then(Recorder::failure))
+            .or_else(|| self.shipper.as_ref().and_then(Shipper::failure));
+        if let Some(failed) = failed {
             self.fail_recording(failed);
         }
+    }
+
+    /// The world rank of this node's rank `local`.
+    fn world_rank(&self, local: u32) -> u32 {
+        self.span
+            .as_ref()
+            .map_or(local, |span| span.layout.world_rank(local))
     }
 
     /// Write every report recorded in this attempt to storage; a failure
     /// to do so fails the attempt. Called once the ranks have ended.
     fn finish_recording(&self) {
-        if let Some(Err(failed)) = self.recorder.as_ref().map(Recorder::finish) {
+        let finished = (self.recorder.as_ref().map(Recorder::finish))
+            .or_else(|| self.shipper.as_ref().map(Shipper::finish));
+        if let Some(Err(failed)) = finished {
             if self.supervisor.failure().is_some() {
                 tracing::error!("writing reports to storage failed as well: {failed}");
             }

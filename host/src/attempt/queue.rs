@@ -1,6 +1,7 @@
 //! What passes between the recorder (the gate's leader, on a rank's
 //! thread) and the task that writes reports to storage: the messages, the
-//! checkpoint waiting to be committed, and the state both ends share.
+//! checkpoint waiting to be committed (with, in a run over several hosts,
+//! the other nodes' files it waits for), and the state both ends share.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -8,10 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
+use crate::cluster::Link;
+use crate::cluster::wire::{self, Header};
 use crate::error::Error;
 use crate::ledger::Uploaded;
 use crate::metrics::Metrics;
 use crate::persist::Plan;
+use crate::record::FileEntry;
 
 /// Why reports can no longer be recorded; the attempt fails with it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -22,6 +26,10 @@ pub(super) enum RecordFailed {
     /// The writing task ended without saying why (it panicked).
     #[error("the task writing reports to storage stopped")]
     Stopped,
+    /// The attempt stopped before every node had persisted its files of
+    /// a checkpoint (the reason is the attempt's failure).
+    #[error("the run stopped before every node had persisted its checkpoint files")]
+    Abandoned,
 }
 
 impl From<Error> for RecordFailed {
@@ -80,6 +88,8 @@ pub(super) struct Pending {
     pub snapshot: Option<PathBuf>,
     /// Set when the files are in storage already; only the commit is left.
     pub uploaded: Option<Uploaded>,
+    /// Other nodes' files of the checkpoint, to wait for before the commit.
+    pub remote: Option<Remote>,
     /// The one permit to persist a checkpoint, released when this drops.
     pub _slot: OwnedSemaphorePermit,
 }
@@ -91,6 +101,88 @@ impl Drop for Pending {
         {
             tracing::warn!(dir = %dir.display(), "cannot remove a checkpoint snapshot: {e}");
         }
+    }
+}
+
+/// Node 0's view of the other nodes' share of one checkpoint: whom to
+/// tell what, and whose files to wait for before the commit.
+#[derive(Debug)]
+pub(super) struct Remote {
+    pub link: Arc<Link>,
+    pub attempt: u64,
+    pub round: u64,
+    /// Per node with files to persist: the paths it leaves out.
+    pub persist: Vec<(u32, Vec<String>)>,
+    /// Paths persisted here or by another node, with the ranks of the
+    /// nodes that left their identical copies out.
+    pub also: Vec<(String, Vec<u32>)>,
+    /// The world ranks of other nodes that reported files.
+    pub ranks: Vec<u32>,
+}
+
+impl Remote {
+    /// Tell the nodes with files the checkpoint's number; its directory
+    /// is cleared.
+    pub fn announce(&self, checkpoint: u64) {
+        for (node, skip) in &self.persist {
+            self.link.send(
+                *node,
+                &wire::Message::new(Header::Persist {
+                    attempt: self.attempt,
+                    round: self.round,
+                    checkpoint,
+                    skip: skip.clone(),
+                }),
+            );
+        }
+    }
+
+    /// Wait until every node told persisted its files of `checkpoint`;
+    /// then add them (and the ranks of copies left out) to what this node
+    /// uploaded. Blocks: run it off the async runtime's threads.
+    ///
+    /// A failing attempt still commits what its ranks reported before
+    /// (as on one host): a node sends its `Persisted` before it says its
+    /// part of the attempt ended, so only a node that ended without it
+    /// (its storage failed) abandons the checkpoint.
+    pub fn wait(
+        self,
+        checkpoint: u64,
+        uploaded: &mut Uploaded,
+        ranks: &mut Vec<u32>,
+    ) -> Result<(), RecordFailed> {
+        let mut files = Vec::new();
+        for (node, _) in &self.persist {
+            let wanted = |from: u32, h: &Header| {
+                from == *node
+                    && matches!(h, Header::Persisted { attempt, checkpoint: c, .. } if *attempt == self.attempt && *c == checkpoint)
+            };
+            let ended = || {
+                self.link
+                    .find(
+                        *node,
+                        |h| matches!(h, Header::Ended { attempt, .. } if *attempt == self.attempt),
+                    )
+                    .is_some()
+            };
+            let Some((_, message)) = self.link.take(wanted, ended) else {
+                return Err(RecordFailed::Abandoned);
+            };
+            let Header::Persisted { files: theirs, .. } = message.header else {
+                return Err(RecordFailed::Abandoned);
+            };
+            files.extend(theirs.into_iter().map(|f| FileEntry {
+                path: f.path,
+                size: f.size,
+                sha256: f.sha256,
+                ranks: f.ranks,
+            }));
+        }
+        uploaded.add(files, &self.also);
+        ranks.extend(&self.ranks);
+        ranks.sort_unstable();
+        ranks.dedup();
+        Ok(())
     }
 }
 

@@ -1,9 +1,9 @@
 //! Recording reports: one background task per attempt writes them to
 //! storage, in report order, while the ranks go on training.
 //!
-//! The gate's leader hands each collective report to [`Recorder::record`].
-//! A report's checkpoint is planned there (ranks' files merged, collisions
-//! refused to the guests), and then:
+//! The gate's leader hands each collective report to
+//! [`Recorder::record_plan`], its ranks' files merged (collisions refused
+//! to the guests before), and then:
 //!
 //! - in the background mode (the default), the planned files are copied to
 //!   a local snapshot and `report` returns; the task uploads and commits the
@@ -42,11 +42,11 @@ use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::queue::{Job, Message, Pending, RecordFailed, Shared};
+use super::queue::{Job, Message, Pending, RecordFailed, Remote, Shared};
 use super::writer::{delete_dropped, write_reports};
 use crate::ledger::{Assigned, Ledger};
 use crate::metrics::Metrics;
-use crate::persist::{self, Capture, Collision, PlanError, merge};
+use crate::persist::{self, Plan};
 use crate::record::layout;
 
 /// Reports that may wait to be written before `report` waits too.
@@ -111,26 +111,19 @@ impl Recorder {
         self.shared.failure()
     }
 
-    /// Record one collective report with rank 0's `metrics` and the
-    /// captures of the ranks that passed a checkpoint. `Ok(Err)` is a
-    /// collision the guests are told about; `Err` fails the run.
-    pub fn record(
+    /// Record a report whose files are planned: `plan` holds this node's,
+    /// and `remote` says which other nodes persist theirs into the same
+    /// checkpoint (a run over several hosts; see `shards.rs`). `Err` fails
+    /// the run.
+    pub fn record_plan(
         &self,
         metrics: Metrics,
-        captures: Vec<Capture>,
-    ) -> Result<Result<(), Collision>, RecordFailed> {
+        plan: Option<Plan>,
+        remote: Option<Remote>,
+    ) -> Result<(), RecordFailed> {
         if let Some(failed) = self.failure() {
             return Err(failed);
         }
-        let plan = if captures.is_empty() {
-            None
-        } else {
-            match merge(captures) {
-                Ok(plan) => Some(plan),
-                Err(PlanError::Collision(collision)) => return Ok(Err(collision)),
-                Err(PlanError::Failed(e)) => return Err(e.into()),
-            }
-        };
         let checkpoint = match plan {
             None => None,
             Some(plan) => {
@@ -144,6 +137,12 @@ impl Recorder {
                     return Err(failed);
                 }
                 let index = self.ledger.next_checkpoint_index();
+                if let Some(remote) = &remote {
+                    // Cleared before any node writes into it.
+                    self.handle.block_on(self.ledger.clear(index))?;
+                    remote.announce(index);
+                }
+                let clear = remote.is_none();
                 let (plan, snapshot, uploaded) = match &self.snapshots {
                     // Every file was handed over: no guest can change them,
                     // so the writing task persists them from where they are.
@@ -157,7 +156,7 @@ impl Recorder {
                     Some(_) if self.ledger.is_local() => {
                         match self
                             .handle
-                            .block_on(self.ledger.upload(index, &plan, false))
+                            .block_on(self.ledger.upload(index, &plan, false, clear))
                         {
                             Ok(uploaded) => (plan, None, Some(uploaded)),
                             Err(e) => return Err(e.into()),
@@ -181,6 +180,7 @@ impl Recorder {
                     plan,
                     snapshot,
                     uploaded,
+                    remote,
                     _slot: slot,
                 })
             }
@@ -206,7 +206,7 @@ impl Recorder {
                 // means the task is busy and will look anyway.
                 let _ = self.queue.try_send(Message::Unwritten);
             }
-            return Ok(Ok(()));
+            return Ok(());
         }
         let (done, wait) = if self.snapshots.is_none() {
             let (tx, rx) = oneshot::channel();
@@ -229,9 +229,9 @@ impl Recorder {
             return Err(self.stopped());
         }
         match wait {
-            None => Ok(Ok(())),
+            None => Ok(()),
             Some(rx) => match rx.blocking_recv() {
-                Ok(result) => result.map(Ok),
+                Ok(result) => result,
                 Err(_) => Err(self.stopped()),
             },
         }
@@ -285,6 +285,7 @@ mod tests {
     use super::*;
     use crate::config::Retention;
     use crate::ledger::LedgerOptions;
+    use crate::persist::{Capture, merge};
     use crate::storage::Storage;
 
     /// A new run of one rank at `storage`.
@@ -338,7 +339,10 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..4u8 {
                         let c = capture(0, &dir, &[i; 64]);
-                        recorder.record(Metrics::new(), vec![c]).unwrap().unwrap();
+                        let plan = merge(vec![c]).unwrap();
+                        recorder
+                            .record_plan(Metrics::new(), Some(plan), None)
+                            .unwrap();
                         tx.send(i).unwrap();
                     }
                     recorder.flush().unwrap();

@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::gate::{Describe, Gathered, Violation, ordinal};
+use super::queue::RecordFailed;
 use super::{Aborted, Refused, Shared};
 use crate::collective::{self, Call, CollectiveError, Delivered, Exchange, Unmet};
 use crate::failure::{FailureKind, RunFailure};
 use crate::metrics::Metrics;
-use crate::persist::{Capture, Collision};
+use crate::persist::{Capture, Collision, Plan, PlanError, merge};
 
 /// What a rank brings to a round.
 pub(super) enum Arrival {
@@ -36,6 +37,38 @@ impl Describe for Arrival {
             Arrival::Collective(call) => call.describe(),
         }
     }
+}
+
+/// This node's ranks' report: rank 0's metrics (R6) and their files,
+/// merged (R7). `Err` is a refusal to tell every rank.
+pub(super) fn take_report(
+    arrivals: &mut [Arrival],
+) -> (
+    Metrics,
+    Result<Option<Plan>, Result<Collision, crate::error::Error>>,
+) {
+    let mut captures: Vec<Capture> = Vec::new();
+    let mut metrics = None;
+    for arrival in arrivals {
+        if let Arrival::Report {
+            metrics: m,
+            capture,
+        } = arrival
+        {
+            captures.extend(capture.take());
+            metrics.get_or_insert_with(|| std::mem::take(m));
+        }
+    }
+    let plan = if captures.is_empty() {
+        Ok(None)
+    } else {
+        match merge(captures) {
+            Ok(plan) => Ok(Some(plan)),
+            Err(PlanError::Collision(collision)) => Err(Ok(collision)),
+            Err(PlanError::Failed(e)) => Err(Err(e)),
+        }
+    };
+    (metrics.unwrap_or_default(), plan)
 }
 
 /// A round's outcome, the same for every rank.
@@ -150,27 +183,24 @@ impl Shared {
         }
     }
 
-    /// Record a report every rank made (of this host; on node 0, of every
-    /// node, whose other ranks bring no checkpoint).
+    /// Record a report every rank of this host made (a run on one host).
     pub(super) fn record(&self, mut arrivals: Vec<Arrival>) -> Outcome {
         let Some(recorder) = &self.recorder else {
             debug_assert!(false, "only the node that records leads a report");
             return Outcome::Failed;
         };
-        let mut captures = Vec::new();
-        let mut metrics = None;
-        for arrival in &mut arrivals {
-            if let Arrival::Report {
-                metrics: m,
-                capture,
-            } = arrival
-            {
-                captures.extend(capture.take());
-                // Rank 0's metrics are the report's (R6).
-                metrics.get_or_insert_with(|| std::mem::take(m));
-            }
-        }
-        let outcome = match recorder.record(metrics.unwrap_or_default(), captures) {
+        let (metrics, plan) = take_report(&mut arrivals);
+        let result = match plan {
+            Ok(plan) => recorder.record_plan(metrics, plan, None).map(Ok),
+            Err(Ok(collision)) => Ok(Err(collision)),
+            Err(Err(e)) => Err(e.into()),
+        };
+        self.recorded(result)
+    }
+
+    /// The outcome of recording a report; latches a stop request.
+    pub(super) fn recorded(&self, result: Result<Result<(), Collision>, RecordFailed>) -> Outcome {
+        let outcome = match result {
             Ok(Ok(())) => Outcome::Recorded,
             Ok(Err(collision)) => Outcome::Refused(collision),
             Err(failed) => {

@@ -5,9 +5,9 @@
 //! ranks called, with the data node 0 needs (a node's partial all-reduce,
 //! the root's broadcast data, its ranks' all-gather pieces), and waits for
 //! node 0's outcome. Node 0 matches the calls of every rank of the job
-//! (R30 across nodes), records a report (only node 0 records: the ranks of
-//! other nodes report metrics, and their checkpoint files are refused
-//! before they arrive), or combines the exchange, and tells every node.
+//! (R30 across nodes), records a report (only node 0 records; every node
+//! persists its own ranks' checkpoint files, see `shards.rs`), or combines
+//! the exchange, and tells every node.
 //! Combining once on node 0 makes results bit-identical on every rank.
 //!
 //! A leader waiting for other nodes gives up when its attempt stops: a
@@ -18,16 +18,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::gate::{Describe, Violation, ordinal};
-use super::round::{Arrival, Outcome};
-use super::{Shared, Span};
+use super::round::{Arrival, Outcome, take_report};
+use super::{Shared, Span, shards};
 use crate::cluster::Link;
-use crate::cluster::wire::{self, Header, Message, Settled, Summary};
+use crate::cluster::wire::{self, Header, Listed, Message, Settled, Summary};
 use crate::collective::{self, Call, Exchange, Op, Values};
 
 /// What a node brings to node 0 for a round.
 struct NodeCalls {
     calls: Vec<Summary>,
     parts: Vec<Vec<u8>>,
+    /// In a report, its ranks' checkpoint files (see `shards.rs`).
+    files: Result<Vec<Listed>, String>,
 }
 
 /// A round's outcome with its data, as node 0 sends it.
@@ -39,10 +41,10 @@ struct Settlement {
 impl Shared {
     /// The leader's part of a round when the run spans nodes: `arrivals`
     /// are this node's ranks', by local rank.
-    pub(super) fn lead_across(&self, span: &Span, arrivals: Vec<Arrival>) -> Outcome {
+    pub(super) fn lead_across(&self, span: &Span, mut arrivals: Vec<Arrival>) -> Outcome {
         let round = self.gate.rounds();
         let link = &span.link;
-        let mine = node_calls(&arrivals, span.layout.world_rank(0));
+        let mut mine = node_calls(&arrivals, span.layout.world_rank(0));
         let shapes = arrivals_shapes(&arrivals);
         let settlement = if link.index() == 0 {
             let others = match self.gather(span, round) {
@@ -59,11 +61,27 @@ impl Shared {
                 Err(None) => return Outcome::Failed,
             };
             let all: Vec<NodeCalls> = std::iter::once(mine).chain(others).collect();
-            let settlement = self.settle(span, &all, arrivals);
+            let settlement = self.settle(span, round, all, arrivals);
             let message = encode_settlement(span.attempt, round, &settlement);
             link.send_to_others(&message);
             settlement
         } else {
+            // Node 0 commits; this node lists its files and persists them
+            // when told (`shards.rs`).
+            let plan = match take_report(&mut arrivals).1 {
+                Ok(plan) => plan,
+                Err(Ok(collision)) => {
+                    mine.files = Err(collision.to_string());
+                    None
+                }
+                Err(Err(e)) => {
+                    self.fail_recording(e.into());
+                    return Outcome::Failed;
+                }
+            };
+            if mine.files.is_ok() {
+                mine.files = Ok(shards::listing(plan.as_ref()));
+            }
             let (parts, lengths) = join_parts(mine.parts);
             link.send(
                 0,
@@ -73,14 +91,11 @@ impl Shared {
                         round,
                         calls: mine.calls,
                         parts: lengths,
+                        files: mine.files,
                     },
                     payload: parts,
                 },
             );
-            let wanted = |from: u32, h: &Header| {
-                from == 0
-                    && matches!(h, Header::Settle { attempt, round: r, .. } if *attempt == span.attempt && *r == round)
-            };
             let over = || {
                 link.find(
                     0,
@@ -88,8 +103,7 @@ impl Shared {
                 )
                 .is_some()
             };
-            let Some((_, message)) = link.take(wanted, || self.supervisor.is_stopping() || over())
-            else {
+            let Some(message) = self.follow_report(span, round, plan, over) else {
                 if over() && !self.supervisor.is_stopping() {
                     return Outcome::Mismatch(Violation::new(format!(
                         "the ranks on node 0 returned from train while ranks {:?} on node {} wait in their {} collective call ({})",
@@ -156,17 +170,30 @@ impl Shared {
                         ))),
                     });
                 };
-                let Header::Arrive { calls, parts, .. } = message.header else {
+                let Header::Arrive {
+                    calls, parts, files, ..
+                } = message.header
+                else {
                     return Err(None);
                 };
                 let parts = wire::split(&message.payload, &parts).map_err(|_| None)?;
-                Ok(NodeCalls { calls, parts })
+                Ok(NodeCalls {
+                    calls,
+                    parts,
+                    files,
+                })
             })
             .collect()
     }
 
     /// Node 0: match every rank's call and carry out the round.
-    fn settle(&self, span: &Span, all: &[NodeCalls], mine: Vec<Arrival>) -> Settlement {
+    fn settle(
+        &self,
+        span: &Span,
+        round: u64,
+        all: Vec<NodeCalls>,
+        mine: Vec<Arrival>,
+    ) -> Settlement {
         let settled = |outcome| Settlement {
             outcome,
             parts: Vec::new(),
@@ -186,14 +213,9 @@ impl Shared {
             )));
         }
         let Some(Arrival::Collective(call)) = mine.first() else {
-            // Every rank reported: only node 0 records.
-            return settled(match self.record(mine) {
-                Outcome::Recorded => Settled::Recorded {
-                    preempt_after: self.preempt_after.get().copied(),
-                },
-                Outcome::Refused(collision) => Settled::Refused(collision.to_string()),
-                _ => Settled::Failed,
-            });
+            // Every rank reported: node 0 records.
+            let listings = all.into_iter().skip(1).map(|n| n.files).collect();
+            return settled(self.record_across(span, round, listings, mine));
         };
         let world = span.layout.world_size() as usize;
         let max_memory = self.limits.max_memory;
@@ -398,7 +420,11 @@ fn node_calls(arrivals: &[Arrival], first: u32) -> NodeCalls {
             Some(Call::Barrier) | None => {}
         }
     }
-    NodeCalls { calls, parts }
+    NodeCalls {
+        calls,
+        parts,
+        files: Ok(Vec::new()),
+    }
 }
 
 fn join_parts(parts: Vec<Vec<u8>>) -> (Vec<u8>, Vec<u64>) {

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 
-use super::queue::{Job, Message, RecordFailed, Shared};
+use super::queue::{Job, Message, Pending, RecordFailed, Shared};
 use crate::ledger::{Committed, Ledger};
 use crate::record::CheckpointRecord;
 
@@ -128,32 +128,10 @@ impl Writer {
             // Lines of earlier reports go first (R9): a host killed during
             // the commit must not lose them.
             self.write_history().await?;
-            let result = match pending.uploaded.take() {
-                Some(uploaded) => {
-                    self.ledger
-                        .commit_uploaded(
-                            job.report_index,
-                            pending.index,
-                            &job.metrics,
-                            &pending.plan.ranks,
-                            self.world_size,
-                            uploaded,
-                        )
-                        .await
-                }
-                None => {
-                    self.ledger
-                        .commit(
-                            job.report_index,
-                            pending.index,
-                            &job.metrics,
-                            &pending.plan,
-                            self.world_size,
-                        )
-                        .await
-                }
-            };
-            let Committed { stats, dropped } = result.map_err(|e| self.fail(e))?;
+            let result = self
+                .commit(job.report_index, &job.metrics, &mut pending)
+                .await;
+            let Committed { stats, dropped } = result.map_err(|e| self.shared.fail(e))?;
             tracing::debug!(checkpoint = pending.index, ?stats, "persisted");
             // The deleter ends only after this task, so it is there.
             if !dropped.is_empty() {
@@ -165,6 +143,51 @@ impl Writer {
             .append_report(job.report_index, job.metrics, committed);
         self.shared.unwritten.store(true, Ordering::Release);
         Ok(())
+    }
+}
+
+impl Writer {
+    /// Upload the checkpoint's files (unless they are already), wait for
+    /// the other nodes' if any, and commit.
+    async fn commit(
+        &self,
+        report_index: u64,
+        metrics: &crate::metrics::Metrics,
+        pending: &mut Pending,
+    ) -> Result<Committed, RecordFailed> {
+        let index = pending.index;
+        let mut uploaded = match pending.uploaded.take() {
+            Some(uploaded) => uploaded,
+            None => {
+                let clear = pending.remote.is_none();
+                self.ledger
+                    .upload(index, &pending.plan, true, clear)
+                    .await?
+            }
+        };
+        let mut ranks = pending.plan.ranks.clone();
+        if let Some(remote) = pending.remote.take() {
+            let waited = tokio::task::spawn_blocking(move || {
+                remote.wait(index, &mut uploaded, &mut ranks)?;
+                Ok::<_, RecordFailed>((uploaded, ranks))
+            })
+            .await;
+            (uploaded, ranks) = match waited {
+                Ok(done) => done?,
+                Err(_) => return Err(RecordFailed::Stopped),
+            };
+        }
+        Ok(self
+            .ledger
+            .commit_uploaded(
+                report_index,
+                index,
+                metrics,
+                &ranks,
+                self.world_size,
+                uploaded,
+            )
+            .await?)
     }
 }
 

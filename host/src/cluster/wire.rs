@@ -31,6 +31,39 @@ pub(crate) enum Header {
         round: u64,
         calls: Vec<Summary>,
         parts: Vec<u64>,
+        /// In a report: the checkpoint files its ranks reported, or why
+        /// the node refused them (ranks of the node disagree, R7).
+        files: Result<Vec<Listed>, String>,
+    },
+    /// Node 0 to a node, in a report: send the SHA-256 of these files
+    /// (another node reported files under the same paths).
+    Hash {
+        attempt: u64,
+        round: u64,
+        paths: Vec<String>,
+    },
+    /// A node to node 0: the digests asked for, in order. (A node that
+    /// cannot read its files fails the attempt instead.)
+    Hashed {
+        attempt: u64,
+        round: u64,
+        digests: Vec<String>,
+    },
+    /// Node 0 to a node, in a report: the report's checkpoint is number
+    /// `checkpoint`; persist the node's files into it but those in `skip`
+    /// (a lower node persists them), then tell node 0 (`Persisted`).
+    Persist {
+        attempt: u64,
+        round: u64,
+        checkpoint: u64,
+        skip: Vec<String>,
+    },
+    /// A node to node 0: its files of checkpoint `checkpoint` are durable
+    /// in storage.
+    Persisted {
+        attempt: u64,
+        checkpoint: u64,
+        files: Vec<Shipped>,
     },
     /// Node 0 to a node: a round's outcome, data in the payload.
     Settle {
@@ -75,6 +108,24 @@ pub(crate) struct Summary {
     pub describe: String,
     /// What must agree across ranks: the call's signature, or "report".
     pub signature: String,
+}
+
+/// A checkpoint file a node's ranks reported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Listed {
+    pub path: String,
+    pub size: u64,
+    /// World ranks that reported it.
+    pub ranks: Vec<u32>,
+}
+
+/// A checkpoint file a node persisted, as the manifest will list it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Shipped {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    pub ranks: Vec<u32>,
 }
 
 /// A round's outcome as node 0 tells it.
@@ -175,6 +226,11 @@ mod tests {
                     signature: "barrier".into(),
                 }],
                 parts: vec![3, 0, 2],
+                files: Ok(vec![Listed {
+                    path: "model.bin".into(),
+                    size: 8,
+                    ranks: vec![2, 3],
+                }]),
             },
             payload: vec![1, 2, 3, 4, 5],
         };

@@ -21,6 +21,22 @@ pub(crate) struct Uploaded {
     flushed: bool,
 }
 
+impl Uploaded {
+    /// Add files other nodes persisted into the same checkpoint, and ranks
+    /// of other nodes that reported identical copies of files here
+    /// (`also`: path and ranks).
+    pub fn add(&mut self, files: Vec<FileEntry>, also: &[(String, Vec<u32>)]) {
+        self.files.extend(files);
+        for (path, ranks) in also {
+            if let Some(entry) = self.files.iter_mut().find(|f| &f.path == path) {
+                entry.ranks.extend(ranks);
+                entry.ranks.sort_unstable();
+            }
+        }
+        self.files.sort_by(|a, b| a.path.cmp(&b.path));
+    }
+}
+
 /// A checkpoint committed and recorded in the run state.
 #[derive(Debug)]
 pub(crate) struct Committed {
@@ -32,27 +48,14 @@ pub(crate) struct Committed {
 }
 
 impl Ledger {
-    /// Commit `plan` as checkpoint `checkpoint_index` of report
-    /// `report_index`: steps 1 to 3 of the ledger's order. Called for one
-    /// report at a time, in report order.
-    pub async fn commit(
-        &self,
-        report_index: u64,
-        checkpoint_index: u64,
-        metrics: &Metrics,
-        plan: &Plan,
-        world_size: u32,
-    ) -> Result<Committed, Error> {
-        let uploaded = self.upload(checkpoint_index, plan, true).await?;
-        self.commit_uploaded(
-            report_index,
-            checkpoint_index,
-            metrics,
-            &plan.ranks,
-            world_size,
-            uploaded,
-        )
-        .await
+    /// Clear checkpoint `checkpoint_index`'s directory before anything is
+    /// written into it: a host killed mid-upload can leave files under
+    /// its name with no manifest, never committed.
+    pub async fn clear(&self, checkpoint_index: u64) -> Result<(), Error> {
+        let dir = self
+            .storage
+            .child(&layout::checkpoint_dir_name(checkpoint_index));
+        dir.delete_all("", &[]).await
     }
 
     /// Step 1 of a commit: persist the files of `plan` into checkpoint
@@ -61,12 +64,15 @@ impl Ledger {
     /// checkpoint must be committed already (its files are linked).
     /// Without `flush`, local files are left in the page cache and the
     /// commit flushes them: for a caller that waits for the writes but not
-    /// for the disk.
+    /// for the disk. With `clear`, the directory is cleared first (see
+    /// [`Ledger::clear`]); without, the caller cleared it, since other
+    /// nodes may be writing their files into it.
     pub async fn upload(
         &self,
         checkpoint_index: u64,
         plan: &Plan,
         flush: bool,
+        clear: bool,
     ) -> Result<Uploaded, Error> {
         let mut dest = self
             .storage
@@ -74,9 +80,9 @@ impl Ledger {
         if !flush {
             dest = dest.without_flush();
         }
-        // A host killed mid-upload can leave files under this name with no
-        // manifest; they were never committed, so clear them first.
-        dest.delete_all("", &[]).await?;
+        if clear {
+            self.clear(checkpoint_index).await?;
+        }
         let previous = self.previous().await;
         let (files, stats) = persist(&dest, plan, previous).await?;
         Ok(Uploaded {
@@ -86,7 +92,8 @@ impl Ledger {
         })
     }
 
-    /// Steps 2 and 3 of a commit, for files [`Ledger::upload`] persisted:
+    /// Steps 2 and 3 of a commit, for files [`Ledger::upload`] persisted
+    /// (and other nodes', added with [`Uploaded::add`]):
     /// make them durable, write the manifest, then the run state. Returns
     /// what retention dropped, still to be deleted.
     pub async fn commit_uploaded(
@@ -202,3 +209,4 @@ impl Ledger {
         Some(previous)
     }
 }
+

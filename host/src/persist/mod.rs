@@ -9,5 +9,5 @@ mod plan;
 mod upload;
 
 pub(crate) use capture::{Capture, CaptureError, HandedOver, capture};
-pub(crate) use plan::{Collision, Plan, PlanError, merge, snapshot};
+pub(crate) use plan::{Collision, Plan, PlanError, merge, sha256_of, snapshot};
 pub(crate) use upload::{PersistStats, Previous, persist};

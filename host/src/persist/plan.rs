@@ -38,6 +38,26 @@ pub(crate) struct Collision {
     groups: Vec<(String, Vec<u32>)>,
 }
 
+impl Collision {
+    /// The collision among copies of `path`, described by what each
+    /// holds ("8 bytes", "sha256 ...") with the ranks that hold it, if
+    /// they do not all hold the same: for copies on several nodes, which
+    /// only the node that gathers them can compare.
+    pub fn among(path: &str, copies: impl Iterator<Item = (String, Vec<u32>)>) -> Option<Self> {
+        let mut groups: Vec<(String, Vec<u32>)> = Vec::new();
+        for (what, ranks) in copies {
+            match groups.iter_mut().find(|(w, _)| *w == what) {
+                Some((_, all)) => all.extend(ranks),
+                None => groups.push((what, ranks)),
+            }
+        }
+        (groups.len() > 1).then(|| Self {
+            path: path.to_owned(),
+            groups,
+        })
+    }
+}
+
 fn describe(groups: &[(String, Vec<u32>)]) -> String {
     groups
         .iter()
@@ -72,6 +92,15 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
+    /// No files: a node whose ranks reported none while others did.
+    pub fn empty() -> Self {
+        Self {
+            files: Vec::new(),
+            ranks: Vec::new(),
+            handed_over: Vec::new(),
+        }
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
     }
@@ -179,7 +208,7 @@ fn group(items: impl Iterator<Item = (String, u32)>) -> Vec<(String, Vec<u32>)> 
     groups
 }
 
-pub(super) fn sha256_of(dir: &Dir, path: &str) -> Result<String, Error> {
+pub(crate) fn sha256_of(dir: &Dir, path: &str) -> Result<String, Error> {
     let io_err = |source| Error::Io {
         path: path.into(),
         operation: "read a checkpoint file",

@@ -198,10 +198,9 @@ fn report_error(refused: Refused) -> session::ReportError {
     let message = refused.to_string();
     match refused {
         Refused::Score(_) => ReportError::InvalidMetrics(message),
-        Refused::Capture(_)
-        | Refused::TooLarge { .. }
-        | Refused::HandOver(_)
-        | Refused::NotOnNodeZero { .. } => ReportError::InvalidCheckpoint(message),
+        Refused::Capture(_) | Refused::TooLarge { .. } | Refused::HandOver(_) => {
+            ReportError::InvalidCheckpoint(message)
+        }
         Refused::Collision(_) | Refused::Elsewhere(_) => ReportError::Collision(message),
     }
 }

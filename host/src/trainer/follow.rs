@@ -1,14 +1,15 @@
 //! A node other than 0 of a run over several hosts: it runs its ranks'
 //! part of every attempt node 0 starts, restoring the checkpoint node 0
 //! chose, and tells node 0 how the attempt ended, until node 0 says the
-//! run is over. It keeps no record of the run: node 0 does.
+//! run is over. It keeps no record of the run (node 0 does); it persists
+//! its own ranks' checkpoint files, which node 0 commits.
 
 use std::sync::Arc;
 
 use super::Trainer;
 use super::gang::Site;
 use super::nodes::message_attempt;
-use crate::attempt::{Attempt, AttemptSetup, Ended, Records, Span};
+use crate::attempt::{Attempt, AttemptSetup, Ended, Following, Records, Span};
 use crate::checkpoint::Checkpoint;
 use crate::cluster::wire::{Header, Message, Next};
 use crate::cluster::{Layout, Link};
@@ -87,11 +88,14 @@ pub(super) fn follow(
                 world_size: layout.per_node,
                 span: Some(span),
                 report_timeout: run.report_timeout,
-                records: Records::Elsewhere {
+                records: Records::Elsewhere(Box::new(Following {
                     retention: trainer.retention.clone(),
                     resume,
-                },
-                snapshots: None,
+                    run: storage.child(&run_name),
+                })),
+                snapshots: run
+                    .persist_in_background
+                    .then(|| site.work.path().join("snapshots")),
                 handed_over: site.work.path().join("handed-over"),
                 restore: Arc::clone(&site.restore),
                 resume_from: None,

@@ -174,6 +174,11 @@ pub(super) fn message_attempt(header: &Header) -> Option<u64> {
     match header {
         Header::Arrive { attempt, .. }
         | Header::Settle { attempt, .. }
+        | Header::Hash { attempt, .. }
+        | Header::Hashed { attempt, .. }
+        | Header::Persist { attempt, .. }
+        | Header::Persisted { attempt, .. }
+        | Header::Preempt { attempt }
         | Header::Failed { attempt, .. }
         | Header::Ended { attempt, .. }
         | Header::Over { attempt }

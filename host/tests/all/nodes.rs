@@ -210,26 +210,150 @@ fn a_trap_on_one_node_restarts_every_node_from_the_checkpoint() {
     assert!(stderr.contains("rank 3 trapped"), "{stderr}");
 }
 
+/// Every rank writes its own shard, a file every rank writes alike, and
+/// the attempt number; all report them; rank 3 (node 1) traps after the
+/// first report. The next attempt prints what it restored.
+fn sharded_steps() -> Value {
+    json!([
+        {"write": "ck/shard-{rank}.txt", "text": "shard of rank {rank}"},
+        {"write": "ck/common.txt", "text": "the same on every rank"},
+        {"write": "ck/attempt", "text": "{next_attempt}"},
+        {"report": {"attempt": "{attempt}"}, "checkpoint": "ck"},
+        {"panic": "rank 3 breaks", "ranks": [3], "when_attempt": [0]},
+        {"print_checkpoint": true},
+    ])
+}
+
+/// Every rank of the second attempt restored every node's files.
+fn assert_restored_everywhere(stdout: &str) {
+    for rank in 0..4 {
+        let lines = rank_lines(stdout, rank);
+        for shard in 0..4 {
+            let name = format!("file: shard-{shard}.txt 15 ");
+            assert!(
+                lines.iter().any(|l| l.starts_with(&name)),
+                "rank {rank} did not restore shard {shard}\n{stdout}"
+            );
+        }
+        assert!(
+            lines.iter().any(|l| l.starts_with("file: common.txt ")),
+            "rank {rank}\n{stdout}"
+        );
+    }
+}
+
 #[test]
-fn only_node_zero_ranks_report_checkpoint_files() {
+fn a_checkpoint_holds_every_nodes_files_in_one_manifest() {
+    if !have_mpiexec() {
+        return;
+    }
+    for mode in [&[][..], &["--wait-for-upload"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut extra = vec!["--max-failures", "1"];
+        extra.extend(mode);
+        let args = scripted_args(4, sharded_steps(), &extra);
+        let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+        assert!(ok, "{mode:?}\n{stdout}\n{stderr}");
+        assert_restored_everywhere(&stdout);
+        let manifest: Value = serde_json::from_slice(
+            &std::fs::read(
+                dir.path()
+                    .join("st/t/checkpoint_000000/.trainhost/manifest.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let files: Vec<(String, Value)> = manifest["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| (f["path"].as_str().unwrap().to_owned(), f["ranks"].clone()))
+            .collect();
+        let all = json!([0, 1, 2, 3]);
+        let want: Vec<(String, Value)> = [
+            ("attempt".to_owned(), all.clone()),
+            ("common.txt".to_owned(), all.clone()),
+        ]
+        .into_iter()
+        .chain((0..4).map(|r| (format!("shard-{r}.txt"), json!([r]))))
+        .collect();
+        assert_eq!(files, want, "{mode:?}");
+        assert_eq!(manifest["ranks"], all, "{mode:?}");
+        assert_eq!(manifest["world_size"], 4, "{mode:?}");
+    }
+}
+
+#[test]
+fn a_checkpoint_over_nodes_commits_on_s3() {
+    if !have_mpiexec() {
+        return;
+    }
+    let Some(moto) = crate::servers::moto() else {
+        return;
+    };
+    let backend = crate::servers::s3(moto.port, moto.port, "nodes");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = scripted_args(4, sharded_steps(), &["--max-failures", "1"]);
+    let at = args.iter().position(|a| a == "st").unwrap();
+    args[at] = backend.url.clone();
+    for (key, value) in &backend.options.options {
+        args.extend(["--storage-option".to_owned(), format!("{key}={value}")]);
+    }
+    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_restored_everywhere(&stdout);
+}
+
+#[test]
+fn files_that_differ_across_nodes_are_refused_naming_the_ranks() {
     if !have_mpiexec() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let steps = json!([
-        {"write": "ck/w", "text": "x"},
-        {"report": {"i": 0}, "checkpoint": "ck", "ranks": [2]},
-        {"report": {"i": 0}, "checkpoint": "ck", "ranks": [0, 1, 3]},
+        // Same size on both nodes, different bytes: digests tell.
+        {"write": "ck/model.bin", "text": "weights A", "ranks": [0, 1]},
+        {"write": "ck/model.bin", "text": "weights B", "ranks": [2, 3]},
+        {"report": {"i": 0}, "checkpoint": "ck"},
+        // Different sizes: the lists tell.
+        {"write": "ck/model.bin", "text": "longer weights", "ranks": [2, 3]},
+        {"report": {"i": 1}, "checkpoint": "ck"},
+        // Ranks of node 1 disagree: node 1 tells.
+        {"write": "ck/model.bin", "text": "weights A", "ranks": [3]},
+        {"report": {"i": 2}, "checkpoint": "ck"},
     ]);
     let (ok, stdout, stderr) = mpiexec(&[(2, scripted_args(4, steps, &[]))], dir.path());
-    // Rank 2's refused report does not count: it goes on to its next step
-    // and the ranks' numbers of reports differ.
-    assert!(!ok, "{stdout}\n{stderr}");
-    let refused = rank_lines(&stdout, 2);
+    assert!(ok, "{stdout}\n{stderr}");
+    for rank in 0..4 {
+        let refused: Vec<&str> = rank_lines(&stdout, rank)
+            .into_iter()
+            .filter(|l| l.contains("report refused"))
+            .collect();
+        assert_eq!(refused.len(), 3, "rank {rank}\n{stdout}");
+        assert!(
+            refused[0].contains("\"model.bin\" differs between ranks")
+                && refused[0].contains("ranks [0, 1] wrote sha256")
+                && refused[0].contains("ranks [2, 3] wrote sha256"),
+            "{}",
+            refused[0]
+        );
+        assert!(
+            refused[1].contains("ranks [0, 1] wrote 9 bytes")
+                && refused[1].contains("ranks [2, 3] wrote 14 bytes"),
+            "{}",
+            refused[1]
+        );
+        assert!(
+            refused[2].contains("ranks [2] wrote 14 bytes, ranks [3] wrote 9 bytes"),
+            "{}",
+            refused[2]
+        );
+    }
     assert!(
-        refused.iter().any(|l| l.contains("report refused")
-            && l.contains("only the ranks on node 0 report checkpoint files")),
-        "{stdout}"
+        !dir.path()
+            .join("st/t/checkpoint_000000/.trainhost")
+            .exists(),
+        "nothing committed"
     );
 }
 
