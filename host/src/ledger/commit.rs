@@ -55,6 +55,16 @@ impl Ledger {
         let dir = self
             .storage
             .child(&layout::checkpoint_dir_name(checkpoint_index));
+        // Opening the run adopted or removed every directory from the next
+        // index on, and this host commits them in order: a manifest here
+        // was written by a host that took the run over, and is not this
+        // host's to delete (R27).
+        if dir.get(layout::MANIFEST).await?.is_some() {
+            return Err(self.fenced(format!(
+                "{} was committed by another host, which took the run over",
+                dir.url()
+            )));
+        }
         dir.delete_all("", &[]).await
     }
 
@@ -129,7 +139,14 @@ impl Ledger {
         // The manifest is written after every file is durable (R11).
         let paths = manifest.files.iter().map(|f| f.path.clone()).collect();
         dest.sync_uploads(paths, !flushed).await?;
-        dest.put(layout::MANIFEST, Bytes::from(json)).await?;
+        // Created, never replaced: a host that lost the run cannot
+        // overwrite a checkpoint the run's owner committed (R27).
+        if !dest.create(layout::MANIFEST, Bytes::from(json)).await? {
+            return Err(self.fenced(format!(
+                "{} already has a manifest, written by a host that took the run over",
+                dest.url()
+            )));
+        }
         tracing::info!(
             checkpoint = %dest.url(),
             files = manifest.files.len(),
@@ -210,3 +227,81 @@ impl Ledger {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Retention;
+    use crate::failure::{FailureKind, RunFailure};
+    use crate::ledger::LedgerOptions;
+    use crate::storage::Storage;
+
+    fn open(rt: &tokio::runtime::Runtime, storage: &Storage) -> Ledger {
+        let options = LedgerOptions {
+            run_name: "run",
+            config_fingerprint: "f",
+            world_size: 1,
+            retention: Retention::default(),
+            fresh: false,
+            must_be_new: false,
+        };
+        rt.block_on(Ledger::open(storage.clone(), options, rt.handle().clone()))
+            .unwrap()
+    }
+
+    /// One file holding `text`, planned as rank 0's.
+    fn plan(dir: &std::path::Path, text: &str) -> Plan {
+        std::fs::write(dir.join("w"), text).unwrap();
+        let handle = cap_std::fs::Dir::open_ambient_dir(dir, cap_std::ambient_authority()).unwrap();
+        let capture = crate::persist::capture(0, handle, "ck").unwrap();
+        crate::persist::merge(vec![capture]).unwrap()
+    }
+
+    /// A host whose run another host took over (its lease lapsed while it
+    /// was paused, say) cannot write the run state, overwrite a manifest,
+    /// or clear a checkpoint the new owner committed.
+    #[test]
+    fn a_host_that_lost_the_run_commits_and_deletes_nothing() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let storage = Storage::from_store(store, "memory://t").child("run");
+        let work = tempfile::tempdir().unwrap();
+        let stale = open(&rt, &storage);
+        let stale_upload = rt
+            .block_on(stale.upload(0, &plan(work.path(), "stale"), true, true))
+            .unwrap();
+        // The new owner opens the run (writing its state) and commits.
+        let owner = open(&rt, &storage);
+        let metrics = Metrics::new();
+        let uploaded = rt
+            .block_on(owner.upload(0, &plan(work.path(), "owner"), true, true))
+            .unwrap();
+        rt.block_on(owner.commit_uploaded(0, 0, &metrics, &[0], 1, uploaded))
+            .unwrap();
+
+        let e = rt
+            .block_on(stale.commit_uploaded(0, 0, &metrics, &[0], 1, stale_upload))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no longer owns the run") && e.contains("already has a manifest"),
+            "{e}"
+        );
+        let e = rt.block_on(stale.clear(0)).unwrap_err().to_string();
+        assert!(e.contains("was committed by another host"), "{e}");
+        let failure = RunFailure {
+            rank: None,
+            kind: FailureKind::Host,
+            message: "x".into(),
+        };
+        let e = stale.record_failure(&failure).unwrap_err().to_string();
+        assert!(e.contains("changed since this host last wrote it"), "{e}");
+
+        let dir = storage.child("checkpoint_000000");
+        let kept = rt.block_on(dir.get("w")).unwrap().unwrap();
+        assert_eq!(&kept[..], b"owner");
+        assert_eq!(owner.record_failure(&failure).unwrap(), 1);
+        let reopened = open(&rt, &storage);
+        assert_eq!(reopened.newest_first().len(), 1);
+        assert_eq!(reopened.snapshot().2, [failure]);
+    }
+}

@@ -23,6 +23,7 @@ mod open;
 
 use std::sync::{Arc, Mutex};
 
+use object_store::UpdateVersion;
 use tokio::runtime::Handle;
 
 pub(crate) use commit::{Committed, Uploaded};
@@ -62,6 +63,9 @@ struct Inner {
     assigned: Numbering,
     /// The latest committed checkpoint's files, once known.
     previous: Option<Arc<Previous>>,
+    /// The version of the run state this host last read or wrote, on
+    /// object stores: the next write must find it unchanged (R27).
+    state_version: Option<UpdateVersion>,
 }
 
 impl Inner {
@@ -166,18 +170,46 @@ impl Ledger {
         self.lock().assigned.checkpoint
     }
 
+    /// Store the run state, if no other host wrote it since this one last
+    /// did (R27): a host that lost the run commits and deletes nothing
+    /// more, since both follow a state write.
     async fn write_state(&self) -> Result<(), Error> {
-        let json = {
+        let (json, version) = {
             let mut inner = self.lock();
             // The ledger's policy is the run's: a resumed run may change it
             // (the new one rules), and the state records it for listings.
             inner.state.retention = self.retention.clone();
             inner.state.updated_at = layout::now_rfc3339();
-            serde_json::to_vec_pretty(&inner.state).expect("state serializes")
+            let json = serde_json::to_vec_pretty(&inner.state).expect("state serializes");
+            (json, inner.state_version.clone())
         };
-        self.storage
-            .put(layout::RUN_STATE, bytes::Bytes::from(json))
-            .await
+        match self
+            .storage
+            .replace(layout::RUN_STATE, bytes::Bytes::from(json), version)
+            .await?
+        {
+            Some(version) => {
+                self.lock().state_version = Some(version);
+                Ok(())
+            }
+            None => Err(self.fenced(format!(
+                "{} changed since this host last wrote it: another host took the run over",
+                layout::RUN_STATE
+            ))),
+        }
+    }
+
+    /// This host no longer owns the run, as `reason` shows.
+    fn fenced(&self, reason: String) -> Error {
+        Error::Fenced {
+            run: self.storage.url().to_owned(),
+            reason,
+        }
+    }
+
+    /// An attempt starts: the next state write names it.
+    pub fn begin_attempt(&self) {
+        self.lock().state.attempts += 1;
     }
 
     /// Record a failure; returns how many the run has had in all.

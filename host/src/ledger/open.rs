@@ -63,7 +63,7 @@ impl Ledger {
             run: storage.url().to_owned(),
             reason: Box::new(reason),
         };
-        let mut existing = storage.get(layout::RUN_STATE).await?;
+        let mut existing = storage.get_versioned(layout::RUN_STATE).await?;
         // A new run writes its state before anything else, so files of a
         // run without a state are left by an interrupted start-fresh (the
         // state is deleted first) or by hand. They belong to another run:
@@ -85,9 +85,11 @@ impl Ledger {
             return Err(conflict(Conflict::Leftovers(leftovers)));
         }
         let resuming = existing.is_some();
+        // Every write of the state is conditional on this version (R27).
+        let state_version = existing.as_ref().map(|found| found.version.clone());
         let mut state = match existing {
-            Some(bytes) => {
-                let state: RunState = serde_json::from_slice(&bytes)
+            Some(found) => {
+                let state: RunState = serde_json::from_slice(&found.bytes)
                     .map_err(|e| conflict(Conflict::Unreadable(e)))?;
                 if state.format != FORMAT {
                     return Err(conflict(Conflict::Format(state.format)));
@@ -107,6 +109,7 @@ impl Ledger {
                 checkpoints: Vec::new(),
                 failures: Vec::new(),
                 retention: options.retention.clone(),
+                attempts: 0,
                 updated_at: layout::now_rfc3339(),
             },
         };
@@ -128,6 +131,7 @@ impl Ledger {
                 history,
                 assigned: Numbering::default(),
                 previous: None,
+                state_version,
             }),
         };
         if resuming {

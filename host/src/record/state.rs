@@ -67,6 +67,10 @@ pub(crate) struct RunState {
     /// Written from the ledger's policy; nothing reads it during a run.
     #[serde(default)]
     pub retention: Retention,
+    /// Attempts started over the run's life, across restarts of the host:
+    /// the state names the attempt that wrote it.
+    #[serde(default)]
+    pub attempts: u64,
     pub updated_at: String,
 }
 

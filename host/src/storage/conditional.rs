@@ -1,7 +1,10 @@
 //! Conditional writes: the one way two hosts racing for the same object
-//! find out which of them won. Only the lease that says who owns a run
-//! (`crate::owner`) uses them; they are not fenced, since they are what
-//! the fence is built from.
+//! find out which of them won. The lease that says who owns a run
+//! (`crate::owner`) uses them unfenced, since they are what the fence is
+//! built from; the run's owner writes its record through the fenced
+//! [`Storage::create`] and [`Storage::replace`], so that a host that lost
+//! the run can neither overwrite a manifest nor a newer run state even if
+//! its lease's clock lied.
 
 use bytes::Bytes;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
@@ -82,6 +85,60 @@ impl Storage {
             ) => Ok(None),
             Err(e) => Err(self.error(format!("write {relative} if unchanged"), e)),
         }
+    }
+
+    /// Write `data` at `relative` unless an object is there already,
+    /// through the fence. `false` if another writer's object is there; a
+    /// write of this host that landed before a retry counts as done.
+    pub async fn create(&self, relative: &str, data: Bytes) -> Result<bool, Error> {
+        let put = || self.put_if(relative, data.clone(), Claim::Create);
+        if self.write(true, put).await?.is_some() {
+            return Ok(true);
+        }
+        Ok(self.get(relative).await?.is_some_and(|found| found == data))
+    }
+
+    /// Replace the object at `relative` with `data` if it is still at
+    /// `version` (the one this host last wrote or read; `None`: there is
+    /// no object yet), through the fence. Returns the new version, or
+    /// `None` if another writer changed it since. On local storage, which
+    /// one live host owns by a lock (R27), the object is replaced as it
+    /// is.
+    pub async fn replace(
+        &self,
+        relative: &str,
+        data: Bytes,
+        version: Option<UpdateVersion>,
+    ) -> Result<Option<UpdateVersion>, Error> {
+        if self.local.is_some() {
+            self.put(relative, data).await?;
+            return Ok(Some(UpdateVersion {
+                e_tag: None,
+                version: None,
+            }));
+        }
+        let claim = match version {
+            // GCS matches on the object's generation; a server that left
+            // it out of its answers (moto's GCS does; Google's sends it)
+            // leaves nothing to match: the lease alone fences the write.
+            Some(version) if version.version.is_none() && self.url.starts_with("gs://") => {
+                self.put(relative, data).await?;
+                return Ok(Some(version));
+            }
+            Some(version) => Claim::Update(version),
+            None => Claim::Create,
+        };
+        let put = || self.put_if(relative, data.clone(), claim.clone());
+        if let Some(version) = self.write(true, put).await? {
+            return Ok(Some(version));
+        }
+        // A write of this host that landed before a retry reads back as
+        // its own bytes.
+        Ok(self
+            .get_versioned(relative)
+            .await?
+            .filter(|found| found.bytes == data)
+            .map(|found| found.version))
     }
 
     /// The storage server's clock now, in milliseconds since the Unix

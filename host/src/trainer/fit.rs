@@ -192,6 +192,7 @@ fn fit_owned(
     let mut number = 0u64;
     let preempted = loop {
         number += 1;
+        ledger.begin_attempt();
         let span = nodes.as_ref().map(|(link, layout)| Span {
             link: Arc::clone(link),
             layout: *layout,
