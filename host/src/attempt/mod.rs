@@ -378,6 +378,10 @@ impl Shared {
     fn stop(&self) {
         self.supervisor.raise_stop();
         self.gate.abort();
+        // Last: a rank waiting in a collective call is dropped where it
+        // waits once this fires, so the gate's answer must be there first
+        // for the guest to see it (its next call then stops it).
+        self.supervisor.announce_stop();
     }
 
     /// Fail the attempt with a storage failure of the recorder.

@@ -59,10 +59,15 @@ impl Supervisor {
     /// epoch tick.
     pub fn raise_stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Wake everything waiting in [`Supervisor::stopped`]; after
+    /// [`Supervisor::raise_stop`].
+    pub fn announce_stop(&self) {
         self.stop_signal.send_replace(true);
     }
 
-    /// Resolves once the stop flag is raised.
+    /// Resolves once the stop is announced.
     pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut signal = self.stop_signal.subscribe();
         async move {
