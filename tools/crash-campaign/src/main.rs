@@ -10,8 +10,17 @@
 //! and checks that every epoch was reported and the last checkpoint holds
 //! the last epoch.
 //!
+//! With `--nodes N` the run spans N nodes: `mpiexec -n N` starts the
+//! trainhost command line (built with the `mpi` feature, `--trainhost`),
+//! and each kill takes one node's process, chosen at random. The campaign
+//! then also checks that the job ends on every node within seconds, the
+//! nodes' processes all gone.
+//!
 //! ```text
 //! cargo run --release -p trainhost-crash-campaign -- run --guest linear_regression.wasm --kills 200
+//! cargo build --release -p trainhost --features mpi
+//! cargo run --release -p trainhost-crash-campaign -- run --guest linear_regression.wasm \
+//!     --nodes 2 --workers 4 --sharded --trainhost target/release/trainhost --kills 50
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -73,6 +82,18 @@ struct Campaign {
     /// (`report-handing-over`) instead of having them copied.
     #[arg(long)]
     hand_over: bool,
+    /// Every rank saves its own shard of each checkpoint (the example's
+    /// distributed checkpointing) instead of rank 0 saving it all.
+    #[arg(long)]
+    sharded: bool,
+    /// Nodes of the run: more than one starts it under `mpiexec`, one
+    /// process a node, and each kill takes one node.
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    /// The trainhost command line built with the `mpi` feature, for
+    /// `--nodes` above 1.
+    #[arg(long)]
+    trainhost: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -153,21 +174,51 @@ impl Rng {
 
 struct Host {
     child: Child,
+    /// Rank 0's output lines.
     lines: mpsc::Receiver<String>,
+    /// Marks the processes of this start (an environment variable's
+    /// value), to find each node's process.
+    token: String,
 }
 
 fn start(c: &Campaign, storage: &Path) -> anyhow::Result<Host> {
-    let config =
-        serde_json::json!({"num_epochs": c.epochs, "padding_mb": c.padding_mb, "hand_over": c.hand_over})
-            .to_string();
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("host")
-        .arg("--guest")
-        .arg(&c.guest)
-        .arg("--storage")
-        .arg(storage)
+    let config = serde_json::json!({
+        "num_epochs": c.epochs,
+        "padding_mb": c.padding_mb,
+        "hand_over": c.hand_over,
+        "sharded": c.sharded,
+    })
+    .to_string();
+    let token = format!("{}-{:?}", std::process::id(), Instant::now());
+    let mut command = if c.nodes > 1 {
+        let trainhost = c
+            .trainhost
+            .as_ref()
+            .context("--nodes needs --trainhost: the command line built with `--features mpi`")?;
+        let mut command = Command::new("mpiexec");
+        command
+            .args(["-n", &c.nodes.to_string()])
+            .arg(trainhost)
+            .arg("run")
+            .arg(&c.guest)
+            .arg("--storage")
+            .arg(storage)
+            .args(["--name", RUN, "--num-to-keep", &KEEP.to_string()]);
+        command
+    } else {
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .arg("host")
+            .arg("--guest")
+            .arg(&c.guest)
+            .arg("--storage")
+            .arg(storage);
+        command
+    };
+    let mut child = command
         .args(["--config", &config, "--workers", &c.workers.to_string()])
         .env("RUST_LOG", "error")
+        .env(TOKEN, &token)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -176,13 +227,108 @@ fn start(c: &Campaign, storage: &Path) -> anyhow::Result<Host> {
     let (tx, lines) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // The command line prefixes each rank's lines.
+            let line = match line.strip_prefix("[rank ") {
+                Some(rest) => match rest.strip_prefix("0] ") {
+                    Some(rank0) => rank0.to_owned(),
+                    None => continue,
+                },
+                None => line,
+            };
             if tx.send(line).is_err() {
                 break;
             }
         }
     });
-    Ok(Host { child, lines })
+    Ok(Host {
+        child,
+        lines,
+        token,
+    })
 }
+
+/// The environment variable that marks a start's processes.
+const TOKEN: &str = "TRAINHOST_CAMPAIGN_START";
+
+/// The trainhost processes of `host`'s start, by node (MPI rank), read
+/// from /proc: each carries the start's token in its environment.
+fn node_processes(host: &Host) -> Vec<(u32, u32)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        let value = |name: &str| {
+            vars.iter().find_map(|v| {
+                v.strip_prefix(name.as_bytes())
+                    .and_then(|rest| rest.strip_prefix(b"="))
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            })
+        };
+        if value(TOKEN).as_deref() != Some(host.token.as_str()) {
+            continue;
+        }
+        let Ok(exe) = std::fs::read_link(entry.path().join("exe")) else {
+            continue;
+        };
+        if exe.file_name().is_none_or(|n| n != "trainhost") {
+            continue;
+        }
+        if let Some(node) = value("PMI_RANK").and_then(|r| r.parse().ok()) {
+            found.push((node, pid));
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+/// Kill the start: its one process, or one node's process chosen by
+/// `rng`; then check that the whole job ends within `JOB_END`.
+fn kill(c: &Campaign, host: &mut Host, rng: &mut Rng) -> anyhow::Result<()> {
+    if c.nodes <= 1 {
+        host.child.kill()?;
+        host.child.wait()?;
+        return Ok(());
+    }
+    let nodes = node_processes(host);
+    let Some(&(node, pid)) = nodes.get(rng.below(nodes.len() as u64) as usize) else {
+        // Not started yet, or ending: kill the launcher itself.
+        host.child.kill()?;
+        host.child.wait()?;
+        return Ok(());
+    };
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()?;
+    let deadline = Instant::now() + JOB_END;
+    while host.child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            host.child.kill()?;
+            bail!("node {node}'s process was killed, but the job had not ended {JOB_END:?} later");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = node_processes(host);
+    ensure!(
+        left.is_empty(),
+        "the launcher ended after node {node} was killed, but node processes live on: {left:?}"
+    );
+    Ok(())
+}
+
+/// How soon the job must end on every node once one node's process died.
+const JOB_END: Duration = Duration::from_secs(30);
 
 /// What storage holds after a kill: the committed checkpoints, each
 /// verified, and the newest one's index and epoch.
@@ -272,8 +418,7 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
             runs += 1;
             continue;
         }
-        host.child.kill()?;
-        host.child.wait()?;
+        kill(c, &mut host, &mut rng)?;
         kills += 1;
         // Which checkpoint the run said it resumed from (its output up to
         // the kill).
