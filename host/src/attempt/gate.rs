@@ -78,6 +78,9 @@ fn wake(wakers: Vec<Waker>) {
 /// rank's arrival.
 pub(crate) struct ReportGate<A, O> {
     world_size: usize,
+    /// The run's rank of this gate's rank 0, for messages: in a run over
+    /// several hosts a node's gate holds its own ranks only.
+    first: usize,
     timeout: Duration,
     state: Mutex<State<A, O>>,
 }
@@ -113,6 +116,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
     pub fn new(world_size: usize, timeout: Duration) -> Self {
         Self {
             world_size,
+            first: 0,
             timeout,
             state: Mutex::new(State {
                 round: 0,
@@ -165,14 +169,18 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             .iter()
             .enumerate()
             .filter_map(|(r, n)| n.filter(|n| *n <= round).map(|n| (r, n)))
-            .map(|(r, n)| format!("rank {r} returned from train after {n} collective calls"))
+            .map(|(r, n)| {
+                let r = r + self.first;
+                format!("rank {r} returned from train after {n} collective calls")
+            })
             .collect();
         if !gone.is_empty() {
             let waiting = st.abort();
             drop(st);
             wake(waiting);
             return Entered::Done(Err(Ok(Violation(format!(
-                "rank {rank} called {} as its {} collective call, but {}; {SAME_CALLS}",
+                "rank {} called {} as its {} collective call, but {}; {SAME_CALLS}",
+                rank + self.first,
                 arrival.describe(),
                 ordinal(round + 1),
                 gone.join(", ")
@@ -223,6 +231,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             if !st.closed && Instant::now() >= deadline {
                 let (came, missing): (Vec<usize>, Vec<usize>) =
                     (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
+                let (came, missing) = (self.shown(came), self.shown(missing));
                 let what = self.calls(&st);
                 let waiting = st.abort();
                 drop(st);
@@ -249,6 +258,18 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             Poll::Pending
         })
         .await
+    }
+
+    /// Name ranks in messages from `first` on: the gate of a node whose
+    /// first rank is the run's rank `first`.
+    pub fn numbered_from(mut self, first: usize) -> Self {
+        self.first = first;
+        self
+    }
+
+    /// The ranks `local` as the run numbers them.
+    fn shown(&self, local: impl IntoIterator<Item = usize>) -> Vec<usize> {
+        local.into_iter().map(|r| r + self.first).collect()
     }
 
     /// How long a rank waits for the others.
@@ -279,16 +300,15 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         if st.aborted || st.arrived == 0 {
             return Ok(());
         }
-        let waiting: Vec<usize> = (0..self.world_size)
-            .filter(|r| st.arrivals[*r].is_some())
-            .collect();
+        let waiting = self.shown((0..self.world_size).filter(|r| st.arrivals[*r].is_some()));
         let round = st.round;
         let what = self.calls(&st);
         let threads = st.abort();
         drop(st);
         wake(threads);
         Err(Violation(format!(
-            "rank {rank} returned from train after {calls} collective calls while ranks {waiting:?} wait in their {} ({what}); {SAME_CALLS}",
+            "rank {} returned from train after {calls} collective calls while ranks {waiting:?} wait in their {} ({what}); {SAME_CALLS}",
+            rank + self.first,
             ordinal(round + 1)
         )))
     }

@@ -226,7 +226,8 @@ impl Attempt {
             shared: Arc::new(Shared {
                 world_size,
                 supervisor: Supervisor::new(world_size),
-                gate: ReportGate::new(world_size as usize, report_timeout),
+                gate: ReportGate::new(world_size as usize, report_timeout)
+                    .numbered_from(span.as_ref().map_or(0, |s| s.layout.world_rank(0)) as usize),
                 recorder,
                 shipper,
                 retention: match &records {

@@ -180,6 +180,24 @@ fn calls_that_differ_across_nodes_fail_every_node_naming_each_rank() {
 }
 
 #[test]
+fn a_node_names_its_own_ranks_by_their_rank_in_the_run() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Rank 3 (node 1's second) returns while rank 2 waits: node 1's own
+    // gate finds it.
+    let steps = json!([{"barrier": true, "ranks": [0, 1, 2]}]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, scripted_args(4, steps, &[]))], dir.path());
+    assert!(!ok, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 3 returned from train after 0 collective calls"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("rank 1 returned"), "{stderr}");
+}
+
+#[test]
 fn a_trap_on_one_node_restarts_every_node_from_the_checkpoint() {
     if !have_mpiexec() {
         return;
