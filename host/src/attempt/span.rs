@@ -30,6 +30,9 @@ struct NodeCalls {
     parts: Vec<Vec<u8>>,
     /// In a report, its ranks' checkpoint files (see `shards.rs`).
     files: Result<Vec<Listed>, String>,
+    /// An all-reduce summed over the nodes by MPI: the node's partial
+    /// result, kept here (nothing of it goes to node 0).
+    partial: Option<(Values, Op)>,
 }
 
 /// A round's outcome with its data, as node 0 sends it.
@@ -45,6 +48,7 @@ impl Shared {
         let round = self.gate.rounds();
         let link = &span.link;
         let mut mine = node_calls(&arrivals, span.layout.world_rank(0));
+        let partial = mine.partial.take();
         let shapes = arrivals_shapes(&arrivals);
         let settlement = if link.index() == 0 {
             let others = match self.gather(span, round) {
@@ -121,7 +125,7 @@ impl Shared {
                 None => return self.garbled(),
             }
         };
-        self.local_outcome(&shapes, settlement)
+        self.local_outcome(span, &shapes, settlement, partial)
     }
 
     /// Node 0: every other node's calls for `round`, by node; `None` if
@@ -181,6 +185,7 @@ impl Shared {
                     calls,
                     parts,
                     files,
+                    partial: None,
                 })
             })
             .collect()
@@ -262,6 +267,11 @@ impl Shared {
                 if let Some(message) = collective::too_large(&call.describe(), bytes, max_memory) {
                     return settled(Settled::Invalid(message));
                 }
+                if collective::sums_over_nodes(*op, values.len()) {
+                    // Every node's signature is this one: each kept its
+                    // partial for MPI.
+                    return settled(Settled::SumOverNodes);
+                }
                 let partials: Option<Vec<Values>> = all
                     .iter()
                     .map(|n| Values::from_le_bytes(values, n.parts.first()?))
@@ -283,8 +293,16 @@ impl Shared {
     }
 
     /// This node's outcome of a settled round. `shapes` are its ranks'
-    /// calls (without their data), to read the data node 0 sent.
-    fn local_outcome(&self, shapes: &[Shape], settlement: Settlement) -> Outcome {
+    /// calls (without their data), to read the data node 0 sent;
+    /// `partial` the node's partial all-reduce, if it kept it to sum over
+    /// the nodes.
+    fn local_outcome(
+        &self,
+        span: &Span,
+        shapes: &[Shape],
+        settlement: Settlement,
+        partial: Option<(Values, Op)>,
+    ) -> Outcome {
         let Settlement { outcome, parts } = settlement;
         match outcome {
             Settled::Recorded { preempt_after } => {
@@ -302,6 +320,20 @@ impl Shared {
             }
             Settled::Invalid(message) => Outcome::Invalid(message),
             Settled::Mismatch(message) => Outcome::Mismatch(Violation::new(message)),
+            Settled::SumOverNodes => {
+                let Some((values, op)) = partial else {
+                    return self.garbled();
+                };
+                let link = &span.link;
+                let summed = match values {
+                    Values::F32(v) => Values::F32(link.sum_over_nodes(&v)),
+                    Values::F64(v) => Values::F64(link.sum_over_nodes(&v)),
+                    Values::S64(v) => Values::S64(link.sum_over_nodes(&v)),
+                };
+                let world = span.layout.world_size() as usize;
+                let result = collective::finish_sum(summed, op, world);
+                Outcome::Exchanged(Arc::new(Exchange::Reduced(result)))
+            }
             Settled::Exchanged => {
                 let exchange = match shapes.first() {
                     Some(Shape::Barrier) | None => Exchange::Barrier,
@@ -386,6 +418,7 @@ fn node_calls(arrivals: &[Arrival], first: u32) -> NodeCalls {
         .collect::<Vec<_>>();
     let agree = calls.windows(2).all(|w| w[0].signature == w[1].signature);
     let mut parts = Vec::new();
+    let mut partial = None;
     if agree {
         let collective: Vec<&Call> = arrivals
             .iter()
@@ -396,14 +429,20 @@ fn node_calls(arrivals: &[Arrival], first: u32) -> NodeCalls {
             .collect();
         match collective.first() {
             Some(Call::AllReduce { op, .. }) => {
-                let values = collective
+                let values: Vec<Values> = collective
                     .iter()
                     .filter_map(|c| match c {
                         Call::AllReduce { values, .. } => Some(values.clone()),
                         _ => None,
                     })
                     .collect();
-                parts.push(collective::partial(values, *op).to_le_bytes());
+                let len = values.first().map_or(0, Values::len);
+                let mine = collective::partial(values, *op);
+                if collective::sums_over_nodes(*op, len) {
+                    partial = Some((mine, *op));
+                } else {
+                    parts.push(mine.to_le_bytes());
+                }
             }
             Some(Call::AllGather { .. }) => parts.extend(collective.iter().map(|c| match c {
                 Call::AllGather { data } => data.clone(),
@@ -424,6 +463,7 @@ fn node_calls(arrivals: &[Arrival], first: u32) -> NodeCalls {
         calls,
         parts,
         files: Ok(Vec::new()),
+        partial,
     }
 }
 

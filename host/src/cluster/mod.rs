@@ -59,8 +59,29 @@ mod absent {
         pub fn find<T>(&self, _wanted: impl Fn(&Envelope) -> Option<T>) -> Option<T> {
             match *self {}
         }
+
+        pub fn sum_all<T>(&self, _data: &[T]) -> Vec<T> {
+            match *self {}
+        }
     }
 }
+
+/// A number type the nodes can sum element-wise with the transport's own
+/// all-reduce ([`Link::sum_over_nodes`]).
+#[cfg(feature = "mpi")]
+pub(crate) trait Summable: ::mpi::traits::Equivalence + Copy + Default {}
+/// A number type the nodes can sum element-wise with the transport's own
+/// all-reduce ([`Link::sum_over_nodes`]).
+#[cfg(not(feature = "mpi"))]
+pub(crate) trait Summable: Copy + Default {}
+
+impl Summable for f32 {}
+impl Summable for f64 {}
+impl Summable for i64 {}
+
+/// The most elements [`Link::sum_over_nodes`] takes at once (MPI counts
+/// are C ints).
+pub(crate) const MAX_SUMMED: usize = i32::MAX as usize;
 
 use std::time::Duration;
 
@@ -258,6 +279,15 @@ impl Link {
                 .flatten()
                 .filter(|h| wanted(h))
         })
+    }
+
+    /// The element-wise sum of `data` over every node, the same on each
+    /// (MPI_Allreduce). Every node must call it in the same round with as
+    /// many elements, at most [`MAX_SUMMED`]; it blocks until all have: call
+    /// it only once node 0 has told every node to (no node can then be
+    /// kept from it but by dying, which ends the job).
+    pub fn sum_over_nodes<T: Summable>(&self, data: &[T]) -> Vec<T> {
+        self.transport.sum_all(data)
     }
 
     /// Drop waiting messages whose header `stale` accepts (and any that

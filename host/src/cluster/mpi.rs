@@ -16,6 +16,10 @@
 //! 64 MiB at once cannot deadlock. A thread waiting for a message waits on
 //! the inbox, where it can also give up when its attempt stops; a blocking
 //! MPI collective could not be abandoned by a node whose peer had failed.
+//! The one collective used, an all-reduce's sum ([`Node::sum_all`]), is
+//! entered only once node 0 has matched the round and told every node to:
+//! each node's leader then enters it from host code, which no guest can
+//! keep from it; a node that dies instead ends the whole job.
 //!
 //! MPI is initialized with `MPI_THREAD_MULTIPLE` (sends from several threads
 //! beside the receiver); a library that grants less is refused.
@@ -27,10 +31,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mpi::Threading;
+use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::point_to_point::MatchedReceiveVec;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator, Destination, Source};
+use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Equivalence, Source};
 
 use super::Envelope;
 
@@ -150,6 +155,16 @@ impl Node {
         SimpleCommunicator::world()
             .process_at_rank(to as i32)
             .send_with_tag(bytes, TAG);
+    }
+
+    /// The element-wise sum of `data` over every node, the same on each:
+    /// MPI's own all-reduce. Every node must call it for the same round,
+    /// with as many elements (at most `i32::MAX`); it blocks until all
+    /// have.
+    pub fn sum_all<T: Equivalence + Copy + Default>(&self, data: &[T]) -> Vec<T> {
+        let mut out = vec![T::default(); data.len()];
+        SimpleCommunicator::world().all_reduce_into(data, &mut out[..], SystemOperation::sum());
+        out
     }
 
     /// Take the first message `wanted` accepts, waiting for it until

@@ -143,6 +143,9 @@ pub(crate) enum Settled {
     /// A collective: every rank's result is in the payload (the pieces of
     /// an all-gather, or the one result of the others).
     Exchanged,
+    /// An all-reduce's sum (or mean): every node now sums its partial
+    /// result with the others' through MPI's own all-reduce.
+    SumOverNodes,
 }
 
 /// A header and its payload.

@@ -1,12 +1,13 @@
 //! Collectives whose ranks live on several nodes: what a node sends for
-//! its ranks, and how node 0 combines what the nodes sent.
+//! its ranks, and how the nodes' parts are combined.
 //!
 //! An all-reduce is hierarchical, as Horovod's is: each node combines its
-//! own ranks' buffers in rank order into one partial result, node 0
-//! combines the nodes' partials in node order, and every rank gets that
-//! result. It is combined once, on node 0, so it is bit-identical on every
-//! rank (though the bracketing differs from one node's rank order). A mean
-//! is summed throughout and divided once, by the number of all ranks.
+//! own ranks' buffers in rank order into one partial result; then a sum
+//! or a mean is summed over the nodes by MPI's own all-reduce (the same
+//! result on every node, bracketed as the MPI library does), and a min or
+//! max is combined by node 0 in node order, once, so that it is
+//! bit-identical everywhere. A mean is summed throughout and divided once,
+//! by the number of all ranks.
 
 use super::reduce::{Element, fold};
 use super::{Op, Values};
@@ -44,6 +45,19 @@ pub(crate) fn combine_in_order(parts: Vec<Values>, op: Op, ranks: usize) -> Valu
         Values::F64(acc) => go!(F64, acc),
         Values::S64(acc) => go!(S64, acc),
     }
+}
+
+/// Whether an all-reduce with `op` of `len` elements is summed over the
+/// nodes by the transport's all-reduce rather than combined on node 0.
+/// Min and max stay on node 0, whose comparisons are trainhost's own (NaN
+/// included); MPI's differ.
+pub(crate) fn sums_over_nodes(op: Op, len: usize) -> bool {
+    matches!(op, Op::Sum | Op::Mean) && len <= crate::cluster::MAX_SUMMED
+}
+
+/// The result of a sum over the nodes: a mean divided by `ranks`.
+pub(crate) fn finish_sum(summed: Values, op: Op, ranks: usize) -> Values {
+    combine_in_order(vec![summed], op, ranks)
 }
 
 /// Combine one node's ranks into its partial result (a mean stays a sum).

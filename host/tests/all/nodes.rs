@@ -131,11 +131,14 @@ fn collectives_span_the_nodes_with_one_result_everywhere() {
         {"all_gather": "r{rank}"},
         {"all_reduce": "s64", "len": len, "op": "sum"},
         {"all_reduce": "f64", "len": 1000, "op": "mean"},
+        // Combined on node 0 (min and max keep trainhost's comparisons).
+        {"all_reduce": "f32", "len": 1000, "op": "max"},
         {"report": {"done": true}},
     ]);
     let (ok, stdout, stderr) = mpiexec(&[(3, scripted_args(6, steps, &[]))], dir.path());
     assert!(ok, "{stdout}\n{stderr}");
     let sum = crate::collective::expected(6, "s64", "sum", len);
+    let max = crate::collective::expected(6, "f32", "max", 1000);
     let mean: Vec<String> = (0..6)
         .map(|r| {
             rank_lines(&stdout, r)
@@ -151,10 +154,11 @@ fn collectives_span_the_nodes_with_one_result_everywhere() {
             "broadcast: from 3",
             "all_gather: r0|r1|r2|r3|r4|r5",
             sum.as_str(),
+            max.as_str(),
         ] {
             assert!(lines.contains(&want), "rank {rank}: {want}\n{stdout}");
         }
-        // Combined once, on node 0: the same bits on every rank.
+        // Summed by MPI's all-reduce: the same bits on every rank.
         assert_eq!(mean[rank as usize], mean[0], "{stdout}");
     }
 }
