@@ -30,6 +30,7 @@
 //! (`Shared::fail_here`), releasing ranks waiting for a round as the gate
 //! releases them.
 
+mod calls;
 mod gate;
 mod handle;
 mod queue;

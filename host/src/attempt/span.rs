@@ -2,13 +2,15 @@
 //!
 //! Each node's gate gathers its own ranks' calls as on one host; its
 //! leader then takes the round across nodes: it sends node 0 what its
-//! ranks called, with the data node 0 needs (a node's partial all-reduce,
-//! the root's broadcast data, its ranks' all-gather pieces), and waits for
-//! node 0's outcome. Node 0 matches the calls of every rank of the job
-//! (R30 across nodes), records a report (only node 0 records; every node
-//! persists its own ranks' checkpoint files, see `shards.rs`), or combines
-//! the exchange, and tells every node.
-//! Combining once on node 0 makes results bit-identical on every rank.
+//! ranks called (`calls.rs`), with the data node 0 needs (the root's
+//! broadcast data, its ranks' all-gather pieces, a node's partial min or
+//! max), and waits for node 0's outcome. Node 0 matches the calls of every
+//! rank of the job (R30 across nodes), records a report (only node 0
+//! records; every node persists its own ranks' checkpoint files, see
+//! `shards.rs`), or combines the exchange, and tells every node; a sum or
+//! mean it tells every node to sum with MPI's all-reduce, each keeping its
+//! partial result for that (R38). Combining once, on node 0 or by MPI,
+//! makes results bit-identical on every rank.
 //!
 //! A leader waiting for other nodes gives up when its attempt stops: a
 //! failure anywhere reaches every node as a message (`Shared::fail`, and
@@ -17,29 +19,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::gate::{Describe, Violation, ordinal};
+use super::calls::{
+    NodeCalls, Settlement, Shape, arrivals_shapes, decode_settlement, encode_settlement,
+    join_parts, node_calls, shapes_text,
+};
+use super::gate::{Violation, ordinal};
 use super::round::{Arrival, Outcome, take_report};
 use super::{Shared, Span, shards};
 use crate::cluster::Link;
-use crate::cluster::wire::{self, Header, Listed, Message, Settled, Summary};
+use crate::cluster::wire::{self, Header, Message, Settled, Summary};
 use crate::collective::{self, Call, Exchange, Op, Values};
-
-/// What a node brings to node 0 for a round.
-struct NodeCalls {
-    calls: Vec<Summary>,
-    parts: Vec<Vec<u8>>,
-    /// In a report, its ranks' checkpoint files (see `shards.rs`).
-    files: Result<Vec<Listed>, String>,
-    /// An all-reduce summed over the nodes by MPI: the node's partial
-    /// result, kept here (nothing of it goes to node 0).
-    partial: Option<(Values, Op)>,
-}
-
-/// A round's outcome with its data, as node 0 sends it.
-struct Settlement {
-    outcome: Settled,
-    parts: Vec<Vec<u8>>,
-}
 
 impl Shared {
     /// The leader's part of a round when the run spans nodes: `arrivals`
@@ -360,137 +349,6 @@ impl Shared {
             Violation::new("node 0 answered a round with a message this node cannot read".into());
         Outcome::Mismatch(violation)
     }
-}
-
-/// What a rank called, without its data.
-enum Shape {
-    Report,
-    Barrier,
-    Broadcast,
-    AllGather,
-    /// An empty buffer of the all-reduce's type.
-    AllReduce(Values),
-}
-
-/// What this node's ranks called, for messages.
-fn shapes_text(shapes: &[Shape]) -> &'static str {
-    match shapes.first() {
-        Some(Shape::Report) => "report",
-        Some(Shape::Barrier) => "barrier",
-        Some(Shape::Broadcast) => "broadcast",
-        Some(Shape::AllGather) => "all-gather",
-        Some(Shape::AllReduce(_)) => "all-reduce",
-        None => "nothing",
-    }
-}
-
-fn arrivals_shapes(arrivals: &[Arrival]) -> Vec<Shape> {
-    arrivals
-        .iter()
-        .map(|a| match a {
-            Arrival::Report { .. } => Shape::Report,
-            Arrival::Collective(Call::Barrier) => Shape::Barrier,
-            Arrival::Collective(Call::Broadcast { .. }) => Shape::Broadcast,
-            Arrival::Collective(Call::AllGather { .. }) => Shape::AllGather,
-            Arrival::Collective(Call::AllReduce { values, .. }) => Shape::AllReduce(match values {
-                Values::F32(_) => Values::F32(Vec::new()),
-                Values::F64(_) => Values::F64(Vec::new()),
-                Values::S64(_) => Values::S64(Vec::new()),
-            }),
-        })
-        .collect()
-}
-
-/// What this node sends node 0: every rank's call, and its data: the
-/// root's broadcast data (if the root is here), every rank's all-gather
-/// piece, or the node's partial all-reduce (if its own ranks agree).
-/// `first` is the world rank of the node's first rank.
-fn node_calls(arrivals: &[Arrival], first: u32) -> NodeCalls {
-    let calls = arrivals
-        .iter()
-        .map(|a| Summary {
-            describe: a.describe(),
-            signature: match a {
-                Arrival::Report { .. } => "report".into(),
-                Arrival::Collective(call) => call.signature_text(),
-            },
-        })
-        .collect::<Vec<_>>();
-    let agree = calls.windows(2).all(|w| w[0].signature == w[1].signature);
-    let mut parts = Vec::new();
-    let mut partial = None;
-    if agree {
-        let collective: Vec<&Call> = arrivals
-            .iter()
-            .filter_map(|a| match a {
-                Arrival::Collective(call) => Some(call),
-                Arrival::Report { .. } => None,
-            })
-            .collect();
-        match collective.first() {
-            Some(Call::AllReduce { op, .. }) => {
-                let values: Vec<Values> = collective
-                    .iter()
-                    .filter_map(|c| match c {
-                        Call::AllReduce { values, .. } => Some(values.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                let len = values.first().map_or(0, Values::len);
-                let mine = collective::partial(values, *op);
-                if collective::sums_over_nodes(*op, len) {
-                    partial = Some((mine, *op));
-                } else {
-                    parts.push(mine.to_le_bytes());
-                }
-            }
-            Some(Call::AllGather { .. }) => parts.extend(collective.iter().map(|c| match c {
-                Call::AllGather { data } => data.clone(),
-                _ => Vec::new(),
-            })),
-            Some(Call::Broadcast { root, .. }) => {
-                if let Some(Call::Broadcast { data, .. }) = root
-                    .checked_sub(first)
-                    .and_then(|i| collective.get(i as usize))
-                {
-                    parts.push(data.clone());
-                }
-            }
-            Some(Call::Barrier) | None => {}
-        }
-    }
-    NodeCalls {
-        calls,
-        parts,
-        files: Ok(Vec::new()),
-        partial,
-    }
-}
-
-fn join_parts(parts: Vec<Vec<u8>>) -> (Vec<u8>, Vec<u64>) {
-    let lengths = parts.iter().map(|p| p.len() as u64).collect();
-    (parts.concat(), lengths)
-}
-
-fn encode_settlement(attempt: u64, round: u64, settlement: &Settlement) -> Message {
-    let (payload, parts) = join_parts(settlement.parts.clone());
-    Message {
-        header: Header::Settle {
-            attempt,
-            round,
-            outcome: settlement.outcome.clone(),
-            parts,
-        },
-        payload,
-    }
-}
-
-fn decode_settlement(message: Message) -> Option<Settlement> {
-    let Header::Settle { outcome, parts, .. } = message.header else {
-        return None;
-    };
-    let parts = wire::split(&message.payload, &parts).ok()?;
-    Some(Settlement { outcome, parts })
 }
 
 /// Pass stop requests between the nodes: one made here (a signal to this
