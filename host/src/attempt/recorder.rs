@@ -284,22 +284,12 @@ mod tests {
 
     use super::*;
     use crate::config::Retention;
-    use crate::ledger::LedgerOptions;
     use crate::persist::{Capture, merge};
     use crate::storage::Storage;
 
     /// A new run of one rank at `storage`.
     fn open(rt: &tokio::runtime::Runtime, storage: &Storage, retention: Retention) -> Arc<Ledger> {
-        let options = LedgerOptions {
-            run_name: "run",
-            config_fingerprint: "f",
-            world_size: 1,
-            retention,
-            fresh: false,
-            must_be_new: false,
-        };
-        let ledger = Ledger::open(storage.clone(), options, rt.handle().clone());
-        Arc::new(rt.block_on(ledger).unwrap())
+        Arc::new(crate::ledger::open_for_test(rt, storage, retention, false).unwrap())
     }
 
     fn capture(rank: u32, dir: &std::path::Path, bytes: &[u8]) -> Capture {

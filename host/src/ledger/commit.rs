@@ -232,20 +232,10 @@ mod tests {
     use super::*;
     use crate::config::Retention;
     use crate::failure::{FailureKind, RunFailure};
-    use crate::ledger::LedgerOptions;
     use crate::storage::Storage;
 
     fn open(rt: &tokio::runtime::Runtime, storage: &Storage) -> Ledger {
-        let options = LedgerOptions {
-            run_name: "run",
-            config_fingerprint: "f",
-            world_size: 1,
-            retention: Retention::default(),
-            fresh: false,
-            must_be_new: false,
-        };
-        rt.block_on(Ledger::open(storage.clone(), options, rt.handle().clone()))
-            .unwrap()
+        crate::ledger::open_for_test(rt, storage, Retention::default(), false).unwrap()
     }
 
     /// One file holding `text`, planned as rank 0's.

@@ -237,3 +237,23 @@ impl Ledger {
         self.storage.put(layout::HISTORY, bytes).await
     }
 }
+
+/// Open (or continue) a run of one rank named "run" at `storage`, for
+/// tests.
+#[cfg(test)]
+pub(crate) fn open_for_test(
+    rt: &tokio::runtime::Runtime,
+    storage: &Storage,
+    retention: Retention,
+    must_be_new: bool,
+) -> Result<Ledger, Error> {
+    let options = LedgerOptions {
+        run_name: "run",
+        config_fingerprint: "f",
+        world_size: 1,
+        retention,
+        fresh: false,
+        must_be_new,
+    };
+    rt.block_on(Ledger::open(storage.clone(), options, rt.handle().clone()))
+}

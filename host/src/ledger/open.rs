@@ -257,15 +257,7 @@ mod tests {
         let store = Arc::new(object_store::memory::InMemory::new());
         let storage = Storage::from_store(store, "memory://t").child("run");
         let open = |must_be_new| {
-            let options = LedgerOptions {
-                run_name: "run",
-                config_fingerprint: "f",
-                world_size: 1,
-                retention: Retention::default(),
-                fresh: false,
-                must_be_new,
-            };
-            rt.block_on(Ledger::open(storage.clone(), options, rt.handle().clone()))
+            crate::ledger::open_for_test(&rt, &storage, Retention::default(), must_be_new)
         };
         open(true).unwrap();
         open(false).expect("a name given again continues its run");
