@@ -57,13 +57,24 @@ impl Ledger {
             .child(&layout::checkpoint_dir_name(checkpoint_index));
         // Opening the run adopted or removed every directory from the next
         // index on, and this host commits them in order: a manifest here
-        // was written by a host that took the run over, and is not this
-        // host's to delete (R27).
-        if dir.get(layout::MANIFEST).await?.is_some() {
-            return Err(self.fenced(format!(
-                "{} was committed by another host, which took the run over",
-                dir.url()
-            )));
+        // is either this host's, of a commit that failed before the run
+        // state named it (storage failed; the attempt that reported it
+        // failed with it), or was written by a host that took the run
+        // over, and is not this host's to delete (R27).
+        if let Some(found) = dir.get(layout::MANIFEST).await? {
+            let ours = self
+                .lock()
+                .manifest_tried
+                .as_ref()
+                .is_some_and(|(index, bytes)| *index == checkpoint_index && *bytes == found);
+            if !ours {
+                return Err(self.fenced(format!(
+                    "{} was committed by another host, which took the run over",
+                    dir.url()
+                )));
+            }
+            // First, so that what is left is never restorable (R18).
+            dir.delete(layout::MANIFEST).await?;
         }
         dir.delete_all("", &[]).await
     }
@@ -141,7 +152,9 @@ impl Ledger {
         dest.sync_uploads(paths, !flushed).await?;
         // Created, never replaced: a host that lost the run cannot
         // overwrite a checkpoint the run's owner committed (R27).
-        if !dest.create(layout::MANIFEST, Bytes::from(json)).await? {
+        let json = Bytes::from(json);
+        self.lock().manifest_tried = Some((checkpoint_index, json.clone()));
+        if !dest.create(layout::MANIFEST, json).await? {
             return Err(self.fenced(format!(
                 "{} already has a manifest, written by a host that took the run over",
                 dest.url()
@@ -293,5 +306,25 @@ mod tests {
         let reopened = open(&rt, &storage);
         assert_eq!(reopened.newest_first().len(), 1);
         assert_eq!(reopened.snapshot().2, [failure]);
+    }
+
+    /// A manifest this host wrote for a commit the run state never named
+    /// (storage failed in between) is cleared like any leftover when the
+    /// next attempt reuses the checkpoint's number.
+    #[test]
+    fn this_hosts_own_failed_commit_is_cleared_not_fenced() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let storage = Storage::from_store(store, "memory://t").child("run");
+        let ledger = open(&rt, &storage);
+        let dir = storage.child("checkpoint_000000");
+        rt.block_on(dir.put("w", Bytes::from_static(b"x"))).unwrap();
+        let manifest = Bytes::from_static(b"{}");
+        rt.block_on(dir.create(layout::MANIFEST, manifest.clone()))
+            .unwrap();
+        ledger.lock().manifest_tried = Some((0, manifest));
+        rt.block_on(ledger.clear(0)).unwrap();
+        assert!(rt.block_on(dir.get(layout::MANIFEST)).unwrap().is_none());
+        assert!(rt.block_on(dir.get("w")).unwrap().is_none());
     }
 }

@@ -66,6 +66,11 @@ struct Inner {
     /// The version of the run state this host last read or wrote, on
     /// object stores: the next write must find it unchanged (R27).
     state_version: Option<UpdateVersion>,
+    /// The last manifest this host set out to write, with its checkpoint:
+    /// one found where the run state names none is this host's failed
+    /// commit if it holds these bytes, else another host's (see
+    /// `Ledger::clear`). Commits go in order, so only the last can fail.
+    manifest_tried: Option<(u64, bytes::Bytes)>,
 }
 
 impl Inner {

@@ -132,6 +132,7 @@ impl Ledger {
                 assigned: Numbering::default(),
                 previous: None,
                 state_version,
+                manifest_tried: None,
             }),
         };
         if resuming {
