@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 
 use crate::util::*;
+use std::time::Duration;
 use trainhost_test_artifacts::DIGITS_MLP;
 
 /// Whether `mpiexec` can be run (else the test is skipped, or fails in CI).
@@ -570,4 +571,88 @@ fn a_stop_requested_on_one_node_reaches_every_rank_on_every_node() {
         })
         .collect();
     assert!(at.iter().all(|a| *a == at[0]), "{at:?}");
+}
+
+/// `mpiexec -n 2 trainhost run` of the linear-regression example, every
+/// rank saving its own shard, in `dir`.
+fn sharded_example(dir: &Path) -> Command {
+    let mut command = Command::new("mpiexec");
+    command
+        .args(["-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_trainhost"))
+        .args(["run", LINEAR_REGRESSION, "--workers", "4"])
+        .args(["--config", r#"{"num_epochs": 150, "sharded": true}"#])
+        .args(["--storage", "st", "--name", "t", "--num-to-keep", "2"])
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env("TRAINHOST_CACHE_DIR", dir.join("compile-cache"));
+    command
+}
+
+#[test]
+fn a_node_killed_ends_the_job_everywhere_and_the_rerun_resumes() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().canonicalize().unwrap();
+    let mut child = sharded_example(&dir_path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let history = dir_path.join("st/t/metrics.jsonl");
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(&history).map_or(0, |h| h.lines().count()) < 3 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no reports");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pid = node_process(&dir_path, 1).expect("node 1's process");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    // The job ends on every node, not just the killed one, and soon.
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the job still runs 30 s after node 1 was killed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    assert_eq!(node_process(&dir_path, 0), None, "node 0 lives on");
+    // What is committed verifies, and the rerun resumes from the newest.
+    let committed =
+        trainhost::committed_checkpoints(&dir_path.join("st/t").display().to_string()).unwrap();
+    for c in &committed {
+        c.verify().unwrap();
+    }
+    let newest = committed.iter().map(trainhost::Checkpoint::index).max();
+    let out = sharded_example(&dir_path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    if let Some(newest) = newest {
+        let epoch = committed
+            .iter()
+            .find(|c| c.index() == newest)
+            .and_then(|c| c.metrics().get("epoch").cloned());
+        let Some(trainhost::MetricValue::Integer(epoch)) = epoch else {
+            panic!("checkpoint {newest} has no epoch");
+        };
+        assert!(
+            rank_lines(&stdout, 0)
+                .iter()
+                .any(|l| l.starts_with("resuming from")
+                    && l.ends_with(&format!("after epoch {epoch}"))),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains("epoch 149:"), "{stdout}");
 }
