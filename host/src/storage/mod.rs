@@ -19,6 +19,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::config::{Location, StorageOptions};
 use crate::error::Error;
+use resend::Resend;
 
 mod backends;
 mod conditional;
@@ -28,6 +29,7 @@ mod fence;
 pub(crate) mod held;
 mod local;
 mod progress;
+mod resend;
 mod transfer;
 
 pub(crate) use conditional::Claim;
@@ -52,6 +54,8 @@ pub struct Storage {
     /// Whether local checkpoint files are flushed to disk as they are
     /// written; when not, [`Storage::sync_uploads`] must flush them.
     flush: bool,
+    /// How requests that never left are sent again (see [`resend`]).
+    resend: Resend,
 }
 
 impl Storage {
@@ -70,6 +74,7 @@ impl Storage {
                 progress: false,
                 fence: None,
                 flush: true,
+                resend: Resend::never(),
             }),
             Location::ObjectStore(url) => {
                 let (store, root) = backends::cloud(url.as_str(), url, options)?;
@@ -81,6 +86,7 @@ impl Storage {
                     progress: options.progress,
                     fence: None,
                     flush: true,
+                    resend: Resend::new(options),
                 })
             }
         }
@@ -98,6 +104,7 @@ impl Storage {
             progress: false,
             fence: None,
             flush: true,
+            resend: Resend::never(),
         }
     }
 
@@ -161,6 +168,7 @@ impl Storage {
             progress,
             fence: None,
             flush: true,
+            resend: Resend::never(),
         })
     }
 
@@ -180,6 +188,7 @@ impl Storage {
             progress: self.progress,
             fence: self.fence.clone(),
             flush: self.flush,
+            resend: self.resend,
         }
     }
 
@@ -202,15 +211,23 @@ impl Storage {
     }
 
     /// Run the write `make()` builds, fenced if this location is (see
-    /// [`Fence::guard`]).
+    /// [`Fence::guard`]); a `restartable` one is sent again if it never
+    /// left this host.
     async fn write<T, F, Fut>(&self, restartable: bool, mut make: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, Error>>,
     {
-        match &self.fence {
-            Some(fence) => fence.guard(&self.url, restartable, make).await,
-            None => make().await,
+        let mut attempts = self.resend.attempts();
+        loop {
+            let result = match &self.fence {
+                Some(fence) => fence.guard(&self.url, restartable, &mut make).await,
+                None => make().await,
+            };
+            match result {
+                Err(e) if restartable && attempts.again(&e).await => {}
+                result => return result,
+            }
         }
     }
 
@@ -279,15 +296,19 @@ impl Storage {
     /// The bytes at `relative`, or `None` if there is no such object.
     pub async fn get(&self, relative: &str) -> Result<Option<Bytes>, Error> {
         let path = self.object_path(relative);
-        match self.store.get(&path).await {
-            Ok(r) => r
-                .bytes()
-                .await
-                .map(Some)
-                .map_err(|e| self.error(format!("read {relative}"), e)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.error(format!("read {relative}"), e)),
-        }
+        self.resend
+            .run(|| async {
+                match self.store.get(&path).await {
+                    Ok(r) => r
+                        .bytes()
+                        .await
+                        .map(Some)
+                        .map_err(|e| self.error(format!("read {relative}"), e)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.error(format!("read {relative}"), e)),
+                }
+            })
+            .await
     }
 
     /// Delete the object at `relative`; deleting a missing object is fine.
@@ -327,10 +348,14 @@ impl Storage {
     pub async fn list_dirs(&self, relative: &str) -> Result<Vec<String>, Error> {
         let prefix = self.object_path(relative);
         let listing = self
-            .store
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(|e| self.error(format!("list {relative}"), e))?;
+            .resend
+            .run(|| async {
+                self.store
+                    .list_with_delimiter(Some(&prefix))
+                    .await
+                    .map_err(|e| self.error(format!("list {relative}"), e))
+            })
+            .await?;
         Ok(listing
             .common_prefixes
             .iter()
@@ -340,10 +365,15 @@ impl Storage {
 
     /// The size of the object at `relative`, from its metadata.
     pub async fn size(&self, relative: &str) -> Result<u64, Error> {
-        self.store
-            .head(&self.object_path(relative))
+        let path = self.object_path(relative);
+        self.resend
+            .run(|| async {
+                self.store
+                    .head(&path)
+                    .await
+                    .map(|meta| meta.size)
+                    .map_err(|e| self.error(format!("read the metadata of {relative}"), e))
+            })
             .await
-            .map(|meta| meta.size)
-            .map_err(|e| self.error(format!("read the metadata of {relative}"), e))
     }
 }

@@ -3,12 +3,13 @@
 //! size; and making local writes durable.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use object_store::path::Path as ObjectPath;
-use object_store::{MultipartUpload, ObjectStoreExt, PutPayload, UploadPart};
+use object_store::{MultipartUpload, ObjectStoreExt, PutMultipartOptions, PutPayload, UploadPart};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -135,15 +136,22 @@ impl Storage {
         hasher: &mut FileDigest,
         meter: &Meter,
     ) -> Result<(), Error> {
+        let parts = PutMultipartOptions::default().with_retry_policy(Arc::new(self.resend.parts()));
         let mut upload = self
-            .store
-            .put_multipart(location)
-            .await
-            .map_err(|e| self.error(format!("start multipart upload of {relative}"), e))?;
+            .resend
+            .run(|| async {
+                self.store
+                    .put_multipart_opts(location, parts.clone())
+                    .await
+                    .map_err(|e| self.error(format!("start multipart upload of {relative}"), e))
+            })
+            .await?;
         let sent = self
             .send_parts(relative, upload.as_mut(), file, size, hasher, meter)
             .await;
         let result = match sent {
+            // Not sent again: object_store's upload hands its parts over
+            // to the first completion, and a second would find none.
             Ok(()) => upload
                 .complete()
                 .await
@@ -271,11 +279,16 @@ impl Storage {
         &self,
         relative: &str,
     ) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>, Error> {
-        self.store
-            .get(&self.object_path(relative))
+        let path = self.object_path(relative);
+        self.resend
+            .run(|| async {
+                self.store
+                    .get(&path)
+                    .await
+                    .map(|r| r.into_stream())
+                    .map_err(|e| self.error(format!("read {relative}"), e))
+            })
             .await
-            .map(|r| r.into_stream())
-            .map_err(|e| self.error(format!("read {relative}"), e))
     }
 }
 
