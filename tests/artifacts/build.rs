@@ -44,6 +44,7 @@ const GUESTS: &[(&str, &str, &str)] = &[
     ),
     ("quickstart", "quickstart", "TRAINHOST_QUICKSTART"),
     ("digits-mlp", "digits_mlp", "TRAINHOST_DIGITS_MLP"),
+    ("digits-burn", "digits_burn", "TRAINHOST_DIGITS_BURN"),
 ];
 
 fn main() {
@@ -64,6 +65,8 @@ fn main() {
         "examples/linear-regression",
         "examples/quickstart",
         "examples/digits-mlp",
+        "examples/digits-burn",
+        "guest-burn",
         "tools/bench/guest",
         "tools/bench/kernel",
         ".cargo",

@@ -10,6 +10,7 @@ pub const CLASSES: usize = 10;
 const CSV: &str = include_str!("../data/digits.csv");
 
 /// Images scaled to [0, 1], and their labels.
+#[derive(Debug)]
 pub struct Set {
     pub images: Vec<[f32; PIXELS]>,
     pub labels: Vec<u8>,

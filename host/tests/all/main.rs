@@ -2,6 +2,7 @@
 //! (`tests/guests`, `examples/linear-regression`), real storage, real traps.
 
 mod blocked;
+mod burn;
 mod cli;
 mod cloud;
 mod collective;

@@ -10,6 +10,9 @@ pub const LINEAR_REGRESSION: &str = env!("TRAINHOST_LINEAR_REGRESSION");
 /// The data-parallel digits classifier (`examples/digits-mlp`).
 pub const DIGITS_MLP: &str = env!("TRAINHOST_DIGITS_MLP");
 
+/// The digits classifier written with burn (`examples/digits-burn`).
+pub const DIGITS_BURN: &str = env!("TRAINHOST_DIGITS_BURN");
+
 /// The README's guest (`examples/quickstart`).
 pub const QUICKSTART: &str = env!("TRAINHOST_QUICKSTART");
 
