@@ -1,6 +1,7 @@
 //! The measures, one module per group of BENCHMARKS.md.
 
 pub(crate) mod blocked;
+pub(crate) mod burn;
 pub(crate) mod cli;
 pub(crate) mod collective;
 pub(crate) mod nodes;
