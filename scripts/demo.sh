@@ -2,18 +2,28 @@
 # From a fresh clone: build the host and the digits example, train a
 # classifier on the UCI handwritten digits as 2 data-parallel ranks
 # (gradients all-reduced every step) on local storage
-# (./trainhost_results), and list the committed checkpoints.
+# (./trainhost_results), and list the committed checkpoints; then the
+# same with the classifier written with burn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # A rust-toolchain.toml does not add targets to an installed toolchain.
 rustup target add wasm32-wasip2
 
-cargo build --release --target wasm32-wasip2 -p digits-mlp
+# The guests go where the tests' guests are built (tests/artifacts), so
+# that neither build repeats the other's.
+guests=target/guests
+cargo build --release --target wasm32-wasip2 --target-dir "$guests" -p digits-mlp -p digits-burn
 cargo build --release -p trainhost
 
-guest=target/wasm32-wasip2/release/digits_mlp.wasm
-name="demo-$(date -u +%Y%m%d-%H%M%S)"
-target/release/trainhost run "$guest" --workers 2 --name "$name"
+stamp="$(date -u +%Y%m%d-%H%M%S)"
+name="demo-$stamp"
+target/release/trainhost run "$guests/wasm32-wasip2/release/digits_mlp.wasm" --workers 2 --name "$name"
 echo
 target/release/trainhost checkpoints "$name"
+
+# The same classifier written with burn (examples/digits-burn).
+echo
+target/release/trainhost run "$guests/wasm32-wasip2/release/digits_burn.wasm" --workers 2 --name "demo-burn-$stamp"
+echo
+target/release/trainhost checkpoints "demo-burn-$stamp"
