@@ -64,13 +64,16 @@
 //!
 //! Ranks combine their work with the collectives in [`collective`]
 //! (barrier, broadcast, all-reduce, all-gather): data-parallel training
-//! all-reduces its gradients before every step.
+//! all-reduces its gradients before every step. The heavy maths of a step
+//! can run in the host, at native speed and still interruptible, on the
+//! host tensors of [`tensor`].
 //!
 //! [trainhost]: https://github.com/trainhost/trainhost
 #![deny(missing_docs)]
 
 pub mod collective;
 mod metrics;
+pub mod tensor;
 
 #[doc(hidden)]
 pub mod wit;

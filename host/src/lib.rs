@@ -74,6 +74,7 @@ mod result;
 mod runtime;
 mod storage;
 mod sync;
+mod tensor;
 mod trainer;
 
 pub use alloc::HugePageAllocator;

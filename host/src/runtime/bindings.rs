@@ -14,6 +14,10 @@ wasmtime::component::bindgen!({
         "trainhost:train/collective": async | trappable,
         default: trappable,
     },
+    // A rank's host tensors, in its own resource table.
+    with: {
+        "trainhost:train/tensors.tensor": crate::tensor::Tensor,
+    },
     // `train` is called asynchronously, so that a stopping attempt can drop
     // the call wherever the guest waits in WASI (see `rank.rs`).
     exports: { default: async },

@@ -19,11 +19,49 @@ impl fmt::Display for LimitHit {
 
 impl std::error::Error for LimitHit {}
 
-/// Refuses growing a rank's linear memory past the limit, trapping with a
-/// [`LimitHit`] that says so.
+/// Keeps a rank's linear memory and its host tensors together within the
+/// memory limit: growing the linear memory past it traps with a
+/// [`LimitHit`] that says so; a tensor that would not fit is refused.
 #[derive(Debug)]
 pub(crate) struct MemoryLimiter {
-    pub max: Option<u64>,
+    max: Option<u64>,
+    /// The linear memory's size, as last grown.
+    linear: u64,
+    /// The bytes of the rank's host tensors.
+    tensors: u64,
+}
+
+impl MemoryLimiter {
+    pub fn new(max: Option<u64>) -> Self {
+        Self {
+            max,
+            linear: 0,
+            tensors: 0,
+        }
+    }
+
+    /// Count `bytes` more of host tensors, or say why they do not fit.
+    pub fn take_tensor(&mut self, bytes: u64) -> Result<(), String> {
+        let total = self.linear + self.tensors + bytes;
+        match self.max {
+            Some(max) if total > max => Err(format!(
+                "a tensor of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors in use)",
+                human_bytes(bytes),
+                human_bytes(max),
+                human_bytes(self.linear),
+                human_bytes(self.tensors)
+            )),
+            _ => {
+                self.tensors += bytes;
+                Ok(())
+            }
+        }
+    }
+
+    /// A tensor of `bytes` was dropped.
+    pub fn give_back_tensor(&mut self, bytes: u64) {
+        self.tensors = self.tensors.saturating_sub(bytes);
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
@@ -33,13 +71,24 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        let desired = desired as u64;
         match self.max {
-            Some(max) if desired as u64 > max => Err(wasmtime::Error::new(LimitHit(format!(
-                "exceeded the memory limit of {} (it asked for {})",
-                human_bytes(max),
-                human_bytes(desired as u64)
-            )))),
-            _ => Ok(true),
+            Some(max) if desired + self.tensors > max => {
+                let tensors = if self.tensors > 0 {
+                    format!(", with {} of host tensors", human_bytes(self.tensors))
+                } else {
+                    String::new()
+                };
+                Err(wasmtime::Error::new(LimitHit(format!(
+                    "exceeded the memory limit of {} (it asked for {}{tensors})",
+                    human_bytes(max),
+                    human_bytes(desired)
+                ))))
+            }
+            _ => {
+                self.linear = desired;
+                Ok(true)
+            }
         }
     }
 
@@ -91,6 +140,21 @@ impl OutputBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn linear_memory_and_tensors_share_the_limit() {
+        use wasmtime::ResourceLimiter;
+        let mut m = MemoryLimiter::new(Some(1000));
+        assert!(m.memory_growing(0, 600, None).unwrap());
+        let e = m.take_tensor(500).unwrap_err();
+        assert!(e.contains("memory limit of 1000 B"), "{e}");
+        m.take_tensor(400).unwrap();
+        let e = m.memory_growing(600, 700, None).unwrap_err().to_string();
+        assert!(e.contains("with 400 B of host tensors"), "{e}");
+        m.give_back_tensor(400);
+        assert!(m.memory_growing(600, 1000, None).unwrap());
+        assert!(MemoryLimiter::new(None).take_tensor(u64::MAX / 2).is_ok());
+    }
 
     #[test]
     fn the_output_budget_allows_bursts_and_refuses_floods() {

@@ -9,6 +9,7 @@ pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
 pub(crate) mod sandbox;
+mod tensors;
 mod trap;
 
 use std::sync::Arc;
@@ -33,7 +34,7 @@ use rank::RankState;
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// The WIT package version this host implements, for messages.
-pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.2";
+pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.3";
 
 /// A guest compiled once and ready to instantiate for any number of ranks.
 pub(crate) struct GuestComponent {

@@ -47,12 +47,12 @@ impl std::fmt::Debug for dyn OutputSink {
 /// The data of one rank's store.
 pub(crate) struct RankState {
     wasi: WasiCtx,
-    table: ResourceTable,
+    pub(super) table: ResourceTable,
     info: RankInfo,
     shared: RankShared,
     sandbox: Sandbox,
     pub(super) attempt: RankHandle,
-    memory: MemoryLimiter,
+    pub(super) memory: MemoryLimiter,
     /// A collective call told the guest that the run is stopping.
     pub(super) told_to_stop: bool,
 }
@@ -307,9 +307,7 @@ fn build_state(
         wasi: wasi.build(),
         table: ResourceTable::new(),
         info,
-        memory: MemoryLimiter {
-            max: shared.limits.max_memory,
-        },
+        memory: MemoryLimiter::new(shared.limits.max_memory),
         shared,
         sandbox,
         attempt,

@@ -29,5 +29,6 @@ mod resume;
 mod retention;
 mod servers;
 mod sharing;
+mod tensors;
 mod util;
 mod workdir;

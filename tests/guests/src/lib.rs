@@ -41,6 +41,7 @@
 //! report metrics the strings "NaN", "inf" and "-inf" stand for floats.
 
 mod collective;
+mod tensors;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -109,7 +110,7 @@ fn scratch_path(p: &str) -> PathBuf {
 fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
     let rank = vars.rank;
     let io = |e: std::io::Error| e.to_string();
-    if collective::run(step, rank, |key| text(step, key, vars))? {
+    if collective::run(step, rank, |key| text(step, key, vars))? || tensors::run(step)? {
         return Ok(());
     }
     if let Some(path) = text(step, "write", vars) {

@@ -1,0 +1,190 @@
+//! Tensors that live in the host, and kernels that compute on them at
+//! native speed while the loop stays in the guest (WIT interface
+//! `tensors`, since `trainhost:train@0.1.3`).
+//!
+//! A [`Tensor`] is f32, row-major, of rank 1 (`[n]`) or 2
+//! (`[rows, cols]`). Its values stay in the host: build it from a slice
+//! once, run the kernels on it, and read it back only when needed
+//! ([`Tensor::to_vec`]). Its bytes count against the rank's memory limit
+//! with the rank's linear memory; dropping it frees them. A kernel checks
+//! its arguments and returns a [`TensorError`] without changing anything
+//! on a bad call. A rank whose run is stopping is stopped at its next
+//! kernel, and inside a long one within a few milliseconds.
+//!
+//! Kernels write into the tensor they are called on (`&mut self`), so a
+//! training step allocates nothing once its tensors exist:
+//!
+//! ```no_run
+//! use trainhost_guest::tensor::{Activation, Tensor};
+//!
+//! # fn main() -> Result<(), trainhost_guest::tensor::TensorError> {
+//! let x = Tensor::from_slice(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+//! let w = Tensor::uniform(&[3, 4], -0.5, 0.5, 42)?;
+//! let b = Tensor::zeros(&[4])?;
+//! let mut h = Tensor::zeros(&[2, 4])?;
+//! h.gemm(1.0, &x, false, &w, false, 0.0)?; // h = x · w
+//! h.add_row(&b)?;
+//! h.activate(Activation::Relu);
+//! println!("{:?}", h.to_vec());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+
+use crate::wit::trainhost::train::tensors as wit;
+
+pub use wit::Activation;
+
+/// Why a kernel refused a call. Nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorError {
+    /// The shapes do not fit the kernel, or the data does not fill the
+    /// shape.
+    Shape(String),
+    /// The tensor would take the rank past its memory limit.
+    OutOfMemory(String),
+    /// Another argument is out of range, or a kernel was asked to write a
+    /// tensor it also reads.
+    Invalid(String),
+}
+
+impl fmt::Display for TensorError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TensorError::Shape(m) | TensorError::Invalid(m) => f.write_str(m),
+            TensorError::OutOfMemory(m) => write!(f, "out of memory: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TensorError {}
+
+impl From<wit::TensorError> for TensorError {
+    fn from(e: wit::TensorError) -> Self {
+        match e {
+            wit::TensorError::Shape(m) => TensorError::Shape(m),
+            wit::TensorError::OutOfMemory(m) => TensorError::OutOfMemory(m),
+            wit::TensorError::Invalid(m) => TensorError::Invalid(m),
+        }
+    }
+}
+
+/// An f32 tensor in the host, of rank 1 or 2, row-major.
+#[derive(Debug)]
+pub struct Tensor(wit::Tensor);
+
+impl Tensor {
+    /// A tensor of `shape` holding `data` (row-major).
+    pub fn from_slice(shape: &[u32], data: &[f32]) -> Result<Self, TensorError> {
+        Ok(Self(wit::Tensor::from_list(shape, data)?))
+    }
+
+    /// A tensor of `shape` full of zeros.
+    pub fn zeros(shape: &[u32]) -> Result<Self, TensorError> {
+        Ok(Self(wit::Tensor::zeros(shape)?))
+    }
+
+    /// A tensor of `shape` drawn uniformly from `[low, high)` by a
+    /// generator seeded with `seed`: the same values on every host, so
+    /// ranks seeded alike start from the same weights.
+    pub fn uniform(shape: &[u32], low: f32, high: f32, seed: u64) -> Result<Self, TensorError> {
+        Ok(Self(wit::Tensor::uniform(shape, low, high, seed)?))
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> Vec<u32> {
+        self.0.shape()
+    }
+
+    /// A copy of the values, row-major.
+    pub fn to_vec(&self) -> Vec<f32> {
+        self.0.to_list()
+    }
+
+    /// Overwrite the values with `data`, which must fill the shape.
+    pub fn assign(&mut self, data: &[f32]) -> Result<(), TensorError> {
+        Ok(self.0.assign(data)?)
+    }
+
+    /// GEMM: `self = alpha * op(a) * op(b) + beta * self`, where op
+    /// transposes its argument when `trans_a` / `trans_b` say so.
+    pub fn gemm(
+        &mut self,
+        alpha: f32,
+        a: &Tensor,
+        trans_a: bool,
+        b: &Tensor,
+        trans_b: bool,
+        beta: f32,
+    ) -> Result<(), TensorError> {
+        Ok(wit::gemm(
+            &self.0, alpha, &a.0, trans_a, &b.0, trans_b, beta,
+        )?)
+    }
+
+    /// `self = self + alpha * x` (same shapes).
+    pub fn axpy(&mut self, alpha: f32, x: &Tensor) -> Result<(), TensorError> {
+        Ok(wit::axpy(&self.0, alpha, &x.0)?)
+    }
+
+    /// `self = alpha * self`.
+    pub fn scale(&mut self, alpha: f32) {
+        wit::scale(&self.0, alpha);
+    }
+
+    /// Add `row` (`[cols]`) to every row of `self` (`[rows, cols]`).
+    pub fn add_row(&mut self, row: &Tensor) -> Result<(), TensorError> {
+        Ok(wit::add_row(&self.0, &row.0)?)
+    }
+
+    /// `self = beta * self + the sum of x's rows` (`x`: `[rows, cols]`,
+    /// `self`: `[cols]`): a bias's gradient.
+    pub fn sum_rows(&mut self, x: &Tensor, beta: f32) -> Result<(), TensorError> {
+        Ok(wit::sum_rows(&self.0, &x.0, beta)?)
+    }
+
+    /// `self = f(self)`, element by element.
+    pub fn activate(&mut self, f: Activation) {
+        wit::activate(&self.0, f);
+    }
+
+    /// Back through an activation: `self = self * f'`, with `f'` taken
+    /// from `output = f(input)`.
+    pub fn activate_backward(&mut self, output: &Tensor, f: Activation) -> Result<(), TensorError> {
+        Ok(wit::activate_backward(&self.0, &output.0, f)?)
+    }
+
+    /// Softmax cross-entropy of these logits (`[rows, classes]`) against
+    /// `labels`: the summed loss and the number of rows whose largest
+    /// logit is their label; `grad` (the same shape) receives the gradient
+    /// of the summed loss times `grad_scale`.
+    pub fn softmax_cross_entropy(
+        &self,
+        labels: &[u32],
+        grad: &mut Tensor,
+        grad_scale: f32,
+    ) -> Result<(f64, u32), TensorError> {
+        Ok(wit::softmax_cross_entropy(
+            &self.0, labels, &grad.0, grad_scale,
+        )?)
+    }
+
+    /// SGD with momentum on these parameters: `velocity = momentum *
+    /// velocity + grad`, `self = self - lr * velocity`.
+    pub fn sgd_momentum(
+        &mut self,
+        velocity: &mut Tensor,
+        grad: &Tensor,
+        lr: f32,
+        momentum: f32,
+    ) -> Result<(), TensorError> {
+        Ok(wit::sgd_momentum(
+            &self.0,
+            &velocity.0,
+            &grad.0,
+            lr,
+            momentum,
+        )?)
+    }
+}

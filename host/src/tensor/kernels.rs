@@ -1,0 +1,277 @@
+//! The kernels: what a multilayer perceptron's forward and backward pass
+//! and its optimizer step need, on rank-1 and rank-2 tensors. Each checks
+//! its arguments before it writes anything.
+
+use super::{Tensor, TensorError, same_shape};
+
+/// Work between two asks of the stop callback in [`gemm`]: about two
+/// milliseconds on one core (2 flops a multiply-add, ~100 GFLOP/s here).
+const FLOPS_PER_BLOCK: usize = 200_000_000;
+/// The fewest rows and columns of `c` a block of [`gemm`] computes:
+/// thinner blocks would read all of `b` for a few rows (a GEMV, bound by
+/// memory, not arithmetic). With an enormous inner size a block can take
+/// longer than [`FLOPS_PER_BLOCK`]: 256 × 256 outputs of 8192 products
+/// each are about 10 ms.
+const MIN_BLOCK: usize = 256;
+
+/// An element-wise function whose derivative is a function of its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activation {
+    Relu,
+    Tanh,
+    Sigmoid,
+    Exp,
+}
+
+/// `c = alpha * op(a) * op(b) + beta * c`, `op` transposing when asked.
+/// Asks `stop` between blocks of rows of `c`; when it says so, returns
+/// [`TensorError::Stopped`] with `c` partly computed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    c: &mut Tensor,
+    alpha: f32,
+    a: &Tensor,
+    trans_a: bool,
+    b: &Tensor,
+    trans_b: bool,
+    beta: f32,
+    stop: &dyn Fn() -> bool,
+) -> Result<(), TensorError> {
+    let (ar, ac) = a.matrix("a")?;
+    let (br, bc) = b.matrix("b")?;
+    let (cr, cc) = c.matrix("c")?;
+    // op(a) is m × k, op(b) is k × n; the strides say how to walk them.
+    let (m, k, a_rs, a_cs) = if trans_a {
+        (ac, ar, 1, ac)
+    } else {
+        (ar, ac, ac, 1)
+    };
+    let (k2, n, b_rs, b_cs) = if trans_b {
+        (bc, br, 1, bc)
+    } else {
+        (br, bc, bc, 1)
+    };
+    if k != k2 || cr != m || cc != n {
+        return Err(TensorError::Shape(format!(
+            "gemm: op(a) is {m}×{k} and op(b) {k2}×{n}, so c must be {m}×{n} with equal inner sizes; c is {cr}×{cc}"
+        )));
+    }
+    let (block_rows, block_cols) = block(m, k, n);
+    for row in (0..m).step_by(block_rows.max(1)) {
+        for col in (0..n).step_by(block_cols.max(1)) {
+            if stop() {
+                return Err(TensorError::Stopped);
+            }
+            let (rows, cols) = (block_rows.min(m - row), block_cols.min(n - col));
+            // SAFETY: every pointer stays inside its tensor: rows
+            // `row..row + rows` of op(a), columns `col..col + cols` of
+            // op(b), and that block of c, walked with the strides of the
+            // shapes checked above; c is a tensor of its own (the borrow
+            // checker keeps it apart from a and b).
+            unsafe {
+                gemm::gemm(
+                    rows,
+                    cols,
+                    k,
+                    c.data.as_mut_ptr().add(row * n + col),
+                    1,
+                    n as isize,
+                    beta != 0.0,
+                    a.data.as_ptr().add(row * a_rs),
+                    a_cs as isize,
+                    a_rs as isize,
+                    b.data.as_ptr().add(col * b_cs),
+                    b_cs as isize,
+                    b_rs as isize,
+                    beta,
+                    alpha,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The rows and columns of c one block of an `m × k × n` GEMM computes:
+/// all of it when that is little work, else blocks of about
+/// [`FLOPS_PER_BLOCK`], never thinner than [`MIN_BLOCK`].
+fn block(m: usize, k: usize, n: usize) -> (usize, usize) {
+    let per_output = 2 * k.max(1);
+    if m * n * per_output <= FLOPS_PER_BLOCK {
+        return (m, n);
+    }
+    let rows = MIN_BLOCK.min(m);
+    let cols = (FLOPS_PER_BLOCK / (rows * per_output)).clamp(MIN_BLOCK.min(n), n);
+    if cols < n {
+        return (rows, cols);
+    }
+    // Whole rows fit a block: as many as make one.
+    let rows = (FLOPS_PER_BLOCK / (n * per_output)).clamp(MIN_BLOCK.min(m), m);
+    (rows, n)
+}
+
+/// `y = y + alpha * x`.
+pub(crate) fn axpy(y: &mut Tensor, alpha: f32, x: &Tensor) -> Result<(), TensorError> {
+    same_shape("y", y, "x", x)?;
+    for (y, x) in y.data.iter_mut().zip(&x.data) {
+        *y += alpha * x;
+    }
+    Ok(())
+}
+
+/// `x = alpha * x`.
+pub(crate) fn scale(x: &mut Tensor, alpha: f32) {
+    x.data.iter_mut().for_each(|v| *v *= alpha);
+}
+
+/// Add `row` to every row of `x`.
+pub(crate) fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
+    let (_, cols) = x.matrix("x")?;
+    if row.shape != [cols] {
+        return Err(TensorError::Shape(format!(
+            "add-row: x has {cols} columns, so row must be of shape [{cols}], not {:?}",
+            row.shape
+        )));
+    }
+    for x_row in x.data.chunks_exact_mut(cols.max(1)) {
+        for (v, r) in x_row.iter_mut().zip(&row.data) {
+            *v += r;
+        }
+    }
+    Ok(())
+}
+
+/// `out = beta * out + the sum of x's rows`.
+pub(crate) fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), TensorError> {
+    let (_, cols) = x.matrix("x")?;
+    if out.shape != [cols] {
+        return Err(TensorError::Shape(format!(
+            "sum-rows: x has {cols} columns, so out must be of shape [{cols}], not {:?}",
+            out.shape
+        )));
+    }
+    scale(out, beta);
+    for x_row in x.data.chunks_exact(cols.max(1)) {
+        for (o, v) in out.data.iter_mut().zip(x_row) {
+            *o += v;
+        }
+    }
+    Ok(())
+}
+
+/// `x = f(x)`.
+pub(crate) fn activate(x: &mut Tensor, f: Activation) {
+    let apply: fn(f32) -> f32 = match f {
+        Activation::Relu => |v| v.max(0.0),
+        Activation::Tanh => f32::tanh,
+        Activation::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
+        Activation::Exp => f32::exp,
+    };
+    x.data.iter_mut().for_each(|v| *v = apply(*v));
+}
+
+/// `grad = grad * f'`, with `f'` from `output = f(input)`.
+pub(crate) fn activate_backward(
+    grad: &mut Tensor,
+    output: &Tensor,
+    f: Activation,
+) -> Result<(), TensorError> {
+    same_shape("grad", grad, "output", output)?;
+    let derivative: fn(f32) -> f32 = match f {
+        Activation::Relu => |y| if y > 0.0 { 1.0 } else { 0.0 },
+        Activation::Tanh => |y| 1.0 - y * y,
+        Activation::Sigmoid => |y| y * (1.0 - y),
+        Activation::Exp => |y| y,
+    };
+    for (g, y) in grad.data.iter_mut().zip(&output.data) {
+        *g *= derivative(*y);
+    }
+    Ok(())
+}
+
+/// Softmax cross-entropy of `logits` against `labels`: the summed loss,
+/// the rows whose largest logit is their label, and in `grad` the
+/// gradient of the summed loss times `grad_scale`.
+pub(crate) fn softmax_cross_entropy(
+    logits: &Tensor,
+    labels: &[u32],
+    grad: &mut Tensor,
+    grad_scale: f32,
+) -> Result<(f64, u32), TensorError> {
+    let (rows, classes) = logits.matrix("logits")?;
+    same_shape("grad", grad, "logits", logits)?;
+    if labels.len() != rows {
+        return Err(TensorError::Shape(format!(
+            "softmax-cross-entropy: {} labels for {rows} rows of logits",
+            labels.len()
+        )));
+    }
+    if let Some((row, label)) = labels
+        .iter()
+        .enumerate()
+        .find(|(_, l)| **l as usize >= classes)
+    {
+        return Err(TensorError::Invalid(format!(
+            "softmax-cross-entropy: the label of row {row} is {label}, not below the {classes} classes"
+        )));
+    }
+    let (mut loss, mut correct) = (0.0f64, 0u32);
+    for ((z, g), &label) in logits
+        .data
+        .chunks_exact(classes.max(1))
+        .zip(grad.data.chunks_exact_mut(classes.max(1)))
+        .zip(labels)
+    {
+        let label = label as usize;
+        // The first largest logit is the prediction.
+        let (best, max) = z
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |(bi, bm), (i, &v)| {
+                if v > bm { (i, v) } else { (bi, bm) }
+            });
+        let mut sum = 0.0f32;
+        for (g, &v) in g.iter_mut().zip(z) {
+            *g = (v - max).exp();
+            sum += *g;
+        }
+        loss += f64::from(sum.ln() - (z[label] - max));
+        for g in g.iter_mut() {
+            *g *= grad_scale / sum;
+        }
+        g[label] -= grad_scale;
+        correct += u32::from(best == label);
+    }
+    Ok((loss, correct))
+}
+
+/// SGD with momentum: `velocity = momentum * velocity + grad`, `param =
+/// param - lr * velocity`.
+pub(crate) fn sgd_momentum(
+    param: &mut Tensor,
+    velocity: &mut Tensor,
+    grad: &Tensor,
+    lr: f32,
+    momentum: f32,
+) -> Result<(), TensorError> {
+    same_shape("param", param, "velocity", velocity)?;
+    same_shape("param", param, "grad", grad)?;
+    for ((p, v), g) in param
+        .data
+        .iter_mut()
+        .zip(&mut velocity.data)
+        .zip(&grad.data)
+    {
+        *v = momentum * *v + g;
+        *p -= lr * *v;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "kernels_tests.rs"]
+mod tests;

@@ -1,0 +1,301 @@
+//! Each kernel against a plain-Rust reference; the backward kernels
+//! against finite differences of their forward functions.
+
+use super::*;
+
+fn t(shape: &[u32], seed: u64) -> Tensor {
+    Tensor::uniform(shape, -1.0, 1.0, seed).unwrap()
+}
+
+fn never() -> bool {
+    false
+}
+
+/// `op(x)[i][j]` of a matrix.
+fn at(x: &Tensor, trans: bool, i: usize, j: usize) -> f32 {
+    let cols = x.shape()[1];
+    if trans {
+        x.values()[j * cols + i]
+    } else {
+        x.values()[i * cols + j]
+    }
+}
+
+#[test]
+fn gemm_matches_the_textbook_product_with_every_transposition() {
+    let (m, k, n) = (5, 7, 3);
+    for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
+        let a = if trans_a {
+            t(&[k, m], 1)
+        } else {
+            t(&[m, k], 1)
+        };
+        let b = if trans_b {
+            t(&[n, k], 2)
+        } else {
+            t(&[k, n], 2)
+        };
+        let c0 = t(&[m, n], 3);
+        let mut c = c0.clone();
+        gemm(&mut c, 0.5, &a, trans_a, &b, trans_b, 2.0, &never).unwrap();
+        for i in 0..m as usize {
+            for j in 0..n as usize {
+                let dot: f32 = (0..k as usize)
+                    .map(|p| at(&a, trans_a, i, p) * at(&b, trans_b, p, j))
+                    .sum();
+                let want = 0.5 * dot + 2.0 * c0.values()[i * n as usize + j];
+                let got = c.values()[i * n as usize + j];
+                // f32 sums of 7 products of values in [-1, 1).
+                assert!(
+                    (got - want).abs() <= 1e-5,
+                    "{trans_a} {trans_b} ({i},{j}): {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_with_beta_zero_ignores_what_c_held() {
+    let (a, b) = (t(&[4, 4], 1), t(&[4, 4], 2));
+    let mut c = Tensor::from_vec(&[4, 4], vec![f32::NAN; 16]).unwrap();
+    gemm(&mut c, 1.0, &a, false, &b, false, 0.0, &never).unwrap();
+    assert!(c.values().iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn gemm_refuses_shapes_that_do_not_fit_and_changes_nothing() {
+    let (a, b) = (t(&[2, 3], 1), t(&[2, 3], 2));
+    let mut c = t(&[2, 2], 3);
+    let before = c.clone();
+    let e = gemm(&mut c, 1.0, &a, false, &b, false, 0.0, &never).unwrap_err();
+    assert!(e.to_string().contains("op(a) is 2×3 and op(b) 2×3"), "{e}");
+    assert_eq!(c, before);
+    // With b transposed the same tensors fit.
+    gemm(&mut c, 1.0, &a, false, &b, true, 0.0, &never).unwrap();
+    let e = gemm(&mut c, 1.0, &t(&[6], 1), false, &b, false, 0.0, &never).unwrap_err();
+    assert!(e.to_string().contains("a must be a matrix"), "{e}");
+}
+
+#[test]
+fn blocks_hold_about_the_same_work_and_are_never_thin() {
+    assert_eq!(block(10, 10, 10), (10, 10), "little work: one block");
+    let (r, c) = block(2048, 512, 512);
+    assert_eq!(c, 512, "whole rows");
+    assert!(
+        r >= MIN_BLOCK && 2 * r * 512 * 512 <= FLOPS_PER_BLOCK + 2 * 512 * 512,
+        "{r}"
+    );
+    let (r, c) = block(4096, 8192, 4096);
+    assert_eq!(
+        (r, c),
+        (MIN_BLOCK, MIN_BLOCK),
+        "a huge inner size: the smallest block"
+    );
+    let (r, c) = block(100_000, 64, 100_000);
+    assert!(
+        r == MIN_BLOCK && (MIN_BLOCK..100_000).contains(&c),
+        "{r} {c}"
+    );
+    assert_eq!(block(1, 100_000, 100_000).0, 1);
+}
+
+#[test]
+fn a_blocked_gemm_equals_one_done_whole() {
+    // Enough work for several blocks in both directions, odd sizes.
+    let (m, k, n) = (700, 300, 1100);
+    assert!(block(m, k, n) != (m, n));
+    let (a, b) = (t(&[m as u32, k as u32], 1), t(&[k as u32, n as u32], 2));
+    let mut blocked = t(&[m as u32, n as u32], 3);
+    let mut whole = blocked.clone();
+    gemm(&mut blocked, 1.5, &a, false, &b, false, 0.5, &never).unwrap();
+    // SAFETY: the shapes above, row-major.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            whole.data.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            a.data.as_ptr(),
+            1,
+            k as isize,
+            b.data.as_ptr(),
+            1,
+            n as isize,
+            0.5,
+            1.5,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+    let worst = blocked
+        .values()
+        .iter()
+        .zip(whole.values())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "{worst}");
+}
+
+#[test]
+fn a_long_gemm_stops_between_blocks_when_asked() {
+    // 2048 rows of 512 × 512: ~1 GFLOP, about ten blocks.
+    let (a, b) = (t(&[2048, 512], 1), t(&[512, 512], 2));
+    let mut c = Tensor::zeros(&[2048, 512]).unwrap();
+    let asked = std::cell::Cell::new(0);
+    let stop = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 2
+    };
+    let e = gemm(&mut c, 1.0, &a, false, &b, false, 0.0, &stop).unwrap_err();
+    assert_eq!(e, TensorError::Stopped);
+    assert_eq!(
+        asked.get(),
+        3,
+        "asked before each block, stopped at the third"
+    );
+}
+
+#[test]
+fn the_element_wise_kernels_match_their_definitions() {
+    let x = t(&[3, 4], 1);
+    let mut y = t(&[3, 4], 2);
+    let y0 = y.clone();
+    axpy(&mut y, -2.0, &x).unwrap();
+    for ((y, y0), x) in y.values().iter().zip(y0.values()).zip(x.values()) {
+        assert_eq!(*y, y0 - 2.0 * x);
+    }
+    assert!(axpy(&mut y, 1.0, &t(&[4, 3], 1)).is_err());
+    let row = t(&[4], 3);
+    let mut z = x.clone();
+    add_row(&mut z, &row).unwrap();
+    assert_eq!(z.values()[5], x.values()[5] + row.values()[1]);
+    let mut sums = t(&[4], 4);
+    let s0 = sums.clone();
+    sum_rows(&mut sums, &x, 0.5).unwrap();
+    let want: f32 = 0.5 * s0.values()[2] + (0..3).map(|r| x.values()[r * 4 + 2]).sum::<f32>();
+    assert!((sums.values()[2] - want).abs() < 1e-6);
+    assert!(add_row(&mut z, &t(&[3], 1)).is_err());
+    for (f, reference) in [
+        (Activation::Relu, (|v: f32| v.max(0.0)) as fn(f32) -> f32),
+        (Activation::Tanh, f32::tanh),
+        (Activation::Sigmoid, |v: f32| 1.0 / (1.0 + (-v).exp())),
+        (Activation::Exp, f32::exp),
+    ] {
+        let mut a = x.clone();
+        activate(&mut a, f);
+        for (a, x) in a.values().iter().zip(x.values()) {
+            assert_eq!(*a, reference(*x), "{f:?}");
+        }
+    }
+}
+
+/// The gradient `backward` computes against central differences of
+/// the loss `sum(w * f(x))`, whose gradient with respect to x is
+/// `w * f'(x)`.
+#[test]
+fn activation_gradients_match_finite_differences() {
+    let x = t(&[2, 5], 5);
+    let w = t(&[2, 5], 6);
+    for f in [
+        Activation::Relu,
+        Activation::Tanh,
+        Activation::Sigmoid,
+        Activation::Exp,
+    ] {
+        let loss = |x: &Tensor| -> f64 {
+            let mut y = x.clone();
+            activate(&mut y, f);
+            y.values()
+                .iter()
+                .zip(w.values())
+                .map(|(y, w)| f64::from(y * w))
+                .sum()
+        };
+        let mut y = x.clone();
+        activate(&mut y, f);
+        let mut grad = w.clone();
+        activate_backward(&mut grad, &y, f).unwrap();
+        let h = 1e-3;
+        for i in 0..x.values().len() {
+            // ReLU has no derivative at 0: stay clear of it.
+            if f == Activation::Relu && x.values()[i].abs() < 2.0 * h {
+                continue;
+            }
+            let (mut up, mut down) = (x.clone(), x.clone());
+            up.data[i] += h;
+            down.data[i] -= h;
+            let numeric = (loss(&up) - loss(&down)) / (2.0 * f64::from(h));
+            let analytic = f64::from(grad.values()[i]);
+            assert!(
+                (numeric - analytic).abs() <= 2e-3 * (1.0 + analytic.abs()),
+                "{f:?} element {i}: {analytic} vs {numeric}"
+            );
+        }
+    }
+}
+
+#[test]
+fn softmax_cross_entropy_loss_accuracy_and_gradient() {
+    let logits = t(&[4, 3], 7);
+    let labels = [0, 2, 1, 2];
+    let mut grad = Tensor::zeros(&[4, 3]).unwrap();
+    let (loss, correct) = softmax_cross_entropy(&logits, &labels, &mut grad, 1.0).unwrap();
+    let row_loss = |z: &[f32], label: usize| -> f64 {
+        let sum: f64 = z.iter().map(|v| f64::from(*v).exp()).sum();
+        sum.ln() - f64::from(z[label])
+    };
+    let reference = |l: &Tensor| -> f64 {
+        l.values()
+            .chunks(3)
+            .zip(labels)
+            .map(|(z, y)| row_loss(z, y as usize))
+            .sum()
+    };
+    assert!((loss - reference(&logits)).abs() < 1e-5, "{loss}");
+    let predicted = logits
+        .values()
+        .chunks(3)
+        .zip(labels)
+        .filter(|(z, y)| z.iter().cloned().fold(f32::NEG_INFINITY, f32::max) == z[*y as usize])
+        .count();
+    assert_eq!(correct as usize, predicted);
+    let h = 1e-3;
+    for i in 0..12 {
+        let (mut up, mut down) = (logits.clone(), logits.clone());
+        up.data[i] += h;
+        down.data[i] -= h;
+        let numeric = (reference(&up) - reference(&down)) / (2.0 * f64::from(h));
+        assert!(
+            (numeric - f64::from(grad.values()[i])).abs() < 1e-3,
+            "element {i}"
+        );
+    }
+    // Scaled gradients, and labels out of range.
+    let mut half = Tensor::zeros(&[4, 3]).unwrap();
+    softmax_cross_entropy(&logits, &labels, &mut half, 0.5).unwrap();
+    assert!((half.values()[4] - 0.5 * grad.values()[4]).abs() < 1e-7);
+    let e = softmax_cross_entropy(&logits, &[0, 3, 1, 2], &mut half, 1.0).unwrap_err();
+    assert!(matches!(e, TensorError::Invalid(_)), "{e}");
+    assert!(softmax_cross_entropy(&logits, &[0, 1], &mut half, 1.0).is_err());
+}
+
+#[test]
+fn sgd_with_momentum_steps_like_its_formula() {
+    let mut p = t(&[6], 1);
+    let mut v = t(&[6], 2);
+    let g = t(&[6], 3);
+    let (p0, v0) = (p.clone(), v.clone());
+    sgd_momentum(&mut p, &mut v, &g, 0.1, 0.9).unwrap();
+    for i in 0..6 {
+        let v1 = 0.9 * v0.values()[i] + g.values()[i];
+        assert_eq!(v.values()[i], v1);
+        assert_eq!(p.values()[i], p0.values()[i] - 0.1 * v1);
+    }
+    assert!(sgd_momentum(&mut p, &mut v, &t(&[5], 1), 0.1, 0.9).is_err());
+}
