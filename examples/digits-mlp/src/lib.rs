@@ -30,9 +30,12 @@
 //! (32), `lr` (0.1), `momentum` (0.9), `seed` (0), `checkpoint_every` (5),
 //! `validation_per_mille` (200), `fail_at_epoch` (none: the last rank
 //! panics at that epoch unless the run resumed from a checkpoint, to show
-//! recovery).
+//! recovery), `kernels` (false: with true, the forward and backward passes
+//! and the SGD step run as host kernels on host tensors, `host.rs`; same
+//! model, same data, same all-reduce).
 
 mod data;
+mod host;
 mod model;
 
 use std::collections::HashMap;
@@ -47,6 +50,7 @@ use trainhost_guest::collective::{self, Op};
 use trainhost_guest::{Checkpoint, Metrics};
 
 use data::Set;
+use host::HostModel;
 use model::{Layout, Tally};
 
 #[derive(Deserialize)]
@@ -61,6 +65,7 @@ struct Config {
     checkpoint_every: u32,
     validation_per_mille: usize,
     fail_at_epoch: Option<u32>,
+    kernels: bool,
 }
 
 impl Default for Config {
@@ -75,6 +80,7 @@ impl Default for Config {
             checkpoint_every: 5,
             validation_per_mille: 200,
             fail_at_epoch: None,
+            kernels: false,
         }
     }
 }
@@ -114,6 +120,11 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
     let resumed = start > 0;
     let mut grad = vec![0.0f32; layout.len()];
     let mut hidden = Vec::with_capacity(config.hidden);
+    // With `kernels`, the model lives in host tensors from here on.
+    let mut on_host = match config.kernels {
+        true => Some(HostModel::new(&layout, &params, &velocity)?),
+        false => None,
+    };
 
     for epoch in start..config.num_epochs {
         if config.fail_at_epoch == Some(epoch) && !resumed && rank + 1 == world {
@@ -126,6 +137,21 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
         );
         let mut mine = Tally::default();
         for batch in order.chunks(config.batch_size) {
+            if let Some(model) = &mut on_host {
+                let share: Vec<usize> = batch.iter().copied().skip(rank).step_by(world).collect();
+                if share.is_empty() {
+                    grad.fill(0.0);
+                } else {
+                    let t = model.pass(&train_set, &share, true)?;
+                    mine.loss += t.loss;
+                    mine.correct += t.correct;
+                    model.gradients(&mut grad);
+                }
+                collective::all_reduce(&mut grad, Op::Sum)?;
+                let scale = 1.0 / batch.len() as f32;
+                model.step(&grad, scale, config.lr, config.momentum)?;
+                continue;
+            }
             grad.fill(0.0);
             // This rank's share of the global batch.
             for &i in batch.iter().skip(rank).step_by(world) {
@@ -150,7 +176,14 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
             }
         }
         let seconds = started.elapsed().as_secs_f64();
-        let val = evaluate(&layout, &params, &validation, rank, world, &mut hidden);
+        let val = match &mut on_host {
+            Some(model) => {
+                (params, velocity) = model.state();
+                let share: Vec<usize> = (rank..validation.len()).step_by(world).collect();
+                model.pass(&validation, &share, false)?
+            }
+            None => evaluate(&layout, &params, &validation, rank, world, &mut hidden),
+        };
         let mut totals = [mine.loss, mine.correct as f64, val.loss, val.correct as f64];
         collective::all_reduce(&mut totals, Op::Sum)?;
         let [train_loss, train_correct, val_loss, val_correct] = totals;

@@ -87,3 +87,26 @@ fn after_a_crash_the_gang_resumes_and_ends_where_an_uninterrupted_run_does() {
     let want = [0, 1, 2, 3, 4, 5, 6, 5, 6, 7, 8, 9, 10, 11].map(f64::from);
     assert_eq!(epochs, want);
 }
+
+#[test]
+fn on_host_kernels_the_same_model_reaches_the_same_accuracy_and_resumes() {
+    for workers in [1, 2] {
+        let in_guest = metric(&train(workers, json!({}), 0), "val_accuracy");
+        let on_host = metric(&train(workers, json!({"kernels": true}), 0), "val_accuracy");
+        assert!(on_host >= 0.95, "{workers} ranks: {on_host}");
+        assert!(
+            (on_host - in_guest).abs() <= 0.01,
+            "{workers} ranks: kernels {on_host}, guest {in_guest}"
+        );
+    }
+    // The model leaves the host tensors for checkpoints and comes back
+    // from them after a crash: the same steps, the same bits.
+    let config =
+        |fail: Option<u32>| json!({"num_epochs": 12, "kernels": true, "fail_at_epoch": fail});
+    let whole = train(2, config(None), 0);
+    let crashed = train(2, config(Some(7)), 1);
+    assert_eq!(crashed.failures, 1);
+    for name in ["train_loss", "val_loss", "val_accuracy"] {
+        assert_eq!(metric(&whole, name), metric(&crashed, name), "{name}");
+    }
+}
