@@ -32,6 +32,7 @@
 
 use std::fmt;
 
+use crate::collective::{CollectiveError, Op};
 use crate::wit::trainhost::train::tensors as wit;
 
 pub use wit::Activation;
@@ -186,5 +187,14 @@ impl Tensor {
             lr,
             momentum,
         )?)
+    }
+
+    /// The element-wise combination of every rank's tensor, in place in
+    /// the host: the values never cross into the guest. Collective like
+    /// [`crate::collective::all_reduce`], and matched with its calls (the
+    /// k-th collective call of every rank must be an all-reduce of as many
+    /// f32 with the same `op`). On an error the tensor holds zeros.
+    pub fn all_reduce(&mut self, op: Op) -> Result<(), CollectiveError> {
+        wit::all_reduce(&self.0, op.into()).map_err(CollectiveError::from)
     }
 }

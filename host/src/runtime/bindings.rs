@@ -12,6 +12,7 @@ wasmtime::component::bindgen!({
         "trainhost:train/session.report": async | trappable,
         "trainhost:train/session.report-handing-over": async | trappable,
         "trainhost:train/collective": async | trappable,
+        "trainhost:train/tensors.all-reduce": async | trappable,
         default: trappable,
     },
     // A rank's host tensors, in its own resource table.

@@ -11,7 +11,7 @@ impl RankState {
     /// Make `call` and take its result apart with `take`. A rank told once
     /// that the run is stopping is stopped by its next call (R31): a guest
     /// that ignores the error cannot keep calling.
-    async fn collective<T>(
+    pub(super) async fn collective<T>(
         &mut self,
         call: Call,
         take: impl FnOnce(Delivered) -> Option<T>,
@@ -40,7 +40,7 @@ impl RankState {
     }
 }
 
-fn op(op: ReduceOp) -> Op {
+pub(super) fn op(op: ReduceOp) -> Op {
     match op {
         ReduceOp::Sum => Op::Sum,
         ReduceOp::Mean => Op::Mean,

@@ -8,8 +8,10 @@
 
 use wasmtime::component::{Resource, ResourceTableError};
 
+use super::bindings::trainhost::train::collective::{CollectiveError, ReduceOp};
 use super::bindings::trainhost::train::tensors::{self, Activation, TensorError};
 use super::rank::{RankState, StoppedByHost};
+use crate::collective::{Call, Delivered, Values};
 use crate::tensor::{self as kernels, Tensor, TensorError as Refused};
 
 type Answer<T> = wasmtime::Result<Result<T, TensorError>>;
@@ -232,5 +234,36 @@ impl tensors::Host for RankState {
         });
         *self.table.get_mut(&velocity)? = v;
         result
+    }
+
+    async fn all_reduce(
+        &mut self,
+        t: Resource<Tensor>,
+        o: ReduceOp,
+    ) -> wasmtime::Result<Result<(), CollectiveError>> {
+        // The values go to the exchange and come back combined in the
+        // same buffer (R33): moved, not copied.
+        let values = self.table.get_mut(&t)?.take_values();
+        let call = Call::AllReduce {
+            values: Values::F32(values),
+            op: super::collective::op(o),
+        };
+        let answer = self
+            .collective(call, |d| match d {
+                Delivered::Values(Values::F32(v)) => Some(v),
+                _ => None,
+            })
+            .await;
+        let tensor = self.table.get_mut(&t)?;
+        match answer {
+            Ok(Ok(combined)) => {
+                tensor.put_values(combined)?;
+                Ok(Ok(()))
+            }
+            other => {
+                tensor.refill_zeros();
+                other.map(|r| r.map(drop))
+            }
+        }
     }
 }

@@ -119,6 +119,32 @@ impl Tensor {
         Ok(())
     }
 
+    /// The values, taken out for an exchange that gives them back with
+    /// [`Tensor::put_values`]; the tensor holds none meanwhile.
+    pub fn take_values(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.data)
+    }
+
+    /// Put back values of the tensor's size.
+    pub fn put_values(&mut self, values: Vec<f32>) -> Result<(), TensorError> {
+        let n: usize = self.shape.iter().product();
+        if values.len() != n {
+            return Err(TensorError::Shape(format!(
+                "{} values came back for a tensor of shape {:?}",
+                values.len(),
+                self.shape
+            )));
+        }
+        self.data = values;
+        Ok(())
+    }
+
+    /// Zeros in place of values an exchange did not give back.
+    pub fn refill_zeros(&mut self) {
+        let n: usize = self.shape.iter().product();
+        self.data = vec![0.0; n];
+    }
+
     /// `[rows, cols]` of a rank-2 tensor; `what` names it in the error.
     fn matrix(&self, what: &str) -> Result<(usize, usize), TensorError> {
         match self.shape[..] {

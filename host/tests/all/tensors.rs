@@ -113,3 +113,25 @@ fn a_failing_rank_stops_another_inside_a_long_kernel() {
         "the GEMM alone took {whole:?}; the failed run {stopped:?}"
     );
 }
+
+#[test]
+fn a_tensor_all_reduce_equals_the_list_all_reduce_and_matches_it() {
+    for op in ["sum", "mean", "max"] {
+        let run = run(3, json!([{"tensor_all_reduce": 1000, "op": op}]));
+        run.assert_ok();
+        let want = crate::collective::expected(3, "f32", op, 1000);
+        for r in 0..3 {
+            assert_eq!(run.stdout(r), std::slice::from_ref(&want), "rank {r}, {op}");
+        }
+    }
+    // A tensor on one rank meets a list on the other: the same call.
+    let run = run(
+        2,
+        json!([
+            {"tensor_all_reduce": 10, "ranks": [0]},
+            {"all_reduce": "f32", "len": 10, "ranks": [1]},
+        ]),
+    );
+    run.assert_ok();
+    assert_eq!(run.stdout(0), run.stdout(1));
+}

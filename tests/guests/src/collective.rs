@@ -19,7 +19,7 @@ pub fn value(rank: u32, i: usize) -> i64 {
     ((i * 7919 + rank as usize * 104_729) % 1000) as i64
 }
 
-fn op(name: &str) -> Result<Op, String> {
+pub fn op(name: &str) -> Result<Op, String> {
     Ok(match name {
         "sum" => Op::Sum,
         "mean" => Op::Mean,

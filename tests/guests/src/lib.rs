@@ -110,7 +110,7 @@ fn scratch_path(p: &str) -> PathBuf {
 fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
     let rank = vars.rank;
     let io = |e: std::io::Error| e.to_string();
-    if collective::run(step, rank, |key| text(step, key, vars))? || tensors::run(step)? {
+    if collective::run(step, rank, |key| text(step, key, vars))? || tensors::run(step, rank)? {
         return Ok(());
     }
     if let Some(path) = text(step, "write", vars) {

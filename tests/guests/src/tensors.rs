@@ -10,6 +10,9 @@
 //!   each, or `tensor error: ...` at the first refused
 //! - `{"tensor_gemm": N}`: one `gemm` of `[N, 2N] × [2N, N]`; prints
 //!   `tensor_gemm: done`
+//! - `{"tensor_all_reduce": N, "op": OP}`: the all-reduce of the
+//!   collective steps' f32 input, as a host tensor; prints the same line
+//!   (`all_reduce: N FNV`)
 //!
 //! A refused call prints `tensor error: ...` and the script goes on.
 
@@ -32,7 +35,7 @@ fn dims(step: &Map<String, Value>, key: &str) -> Option<Vec<u32>> {
 }
 
 /// Run `step` if it is a tensor one; `Ok(false)` if it is not.
-pub fn run(step: &Map<String, Value>) -> Result<bool, String> {
+pub fn run(step: &Map<String, Value>, rank: u32) -> Result<bool, String> {
     let outcome: Result<(), TensorError> = if let Some(d) = dims(step, "tensor_matmul") {
         let [m, k, n] = d[..] else {
             return Err("tensor_matmul takes [M, K, N]".into());
@@ -58,6 +61,18 @@ pub fn run(step: &Map<String, Value>) -> Result<bool, String> {
             c.gemm(1.0, &a, false, &b, false, 0.0)?;
             println!("tensor_gemm: done");
             Ok(())
+        })
+    } else if let Some(n) = step.get("tensor_all_reduce").and_then(Value::as_u64) {
+        let op = crate::collective::op(step.get("op").and_then(Value::as_str).unwrap_or("sum"))?;
+        let values: Vec<f32> = (0..n as usize)
+            .map(|i| crate::collective::value(rank, i) as f32 / 7.0 - 60.0)
+            .collect();
+        Tensor::from_slice(&[n as u32], &values).map(|mut t| match t.all_reduce(op) {
+            Ok(()) => {
+                let bytes: Vec<u8> = t.to_vec().iter().flat_map(|x| x.to_le_bytes()).collect();
+                println!("all_reduce: {n} {:016x}", crate::fnv(&bytes));
+            }
+            Err(e) => println!("collective error: {e}"),
         })
     } else {
         return Ok(false);
