@@ -31,11 +31,29 @@
 //! ```
 
 use std::fmt;
+use std::path::Path;
 
 use crate::collective::{CollectiveError, Op};
 use crate::wit::trainhost::train::tensors as wit;
 
 pub use wit::Activation;
+/// Adam's hyperparameters for one step ([`Tensor::adam`]);
+/// [`AdamStep::new`] fills in the usual betas and epsilon.
+pub use wit::AdamStep;
+
+impl AdamStep {
+    /// Step `step` (from 1) with learning rate `lr` and the betas and
+    /// epsilon of the Adam paper, PyTorch and burn: 0.9, 0.999, 1e-8.
+    pub fn new(lr: f32, step: u32) -> Self {
+        Self {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            step,
+        }
+    }
+}
 
 /// Why a kernel refused a call. Nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +207,33 @@ impl Tensor {
         )?)
     }
 
+    /// Adam on these parameters, in place, with its moments `m` and `v`
+    /// (zeros before the first step, the same shape):
+    /// `m = beta1 * m + (1 - beta1) * grad`,
+    /// `v = beta2 * v + (1 - beta2) * grad^2`,
+    /// `self = self - lr * m' / (sqrt(v') + epsilon)` with the
+    /// bias-corrected `m' = m / (1 - beta1^step)` and
+    /// `v' = v / (1 - beta2^step)`.
+    pub fn adam(
+        &mut self,
+        m: &mut Tensor,
+        v: &mut Tensor,
+        grad: &Tensor,
+        hyper: AdamStep,
+    ) -> Result<(), TensorError> {
+        Ok(wit::adam(&self.0, &m.0, &v.0, &grad.0, hyper)?)
+    }
+
+    /// Replace the values with those of rank `root`'s tensor, in place in
+    /// the host. Collective, matched with
+    /// [`crate::collective::broadcast`] from the same root. Every rank's
+    /// tensor must hold as many values as the root's: a rank whose does
+    /// not is stopped and the run fails. On an error the values are
+    /// unchanged.
+    pub fn broadcast(&mut self, root: u32) -> Result<(), CollectiveError> {
+        wit::broadcast(&self.0, root).map_err(CollectiveError::from)
+    }
+
     /// The element-wise combination of every rank's tensor, in place in
     /// the host: the values never cross into the guest. Collective like
     /// [`crate::collective::all_reduce`], and matched with its calls (the
@@ -197,4 +242,48 @@ impl Tensor {
     pub fn all_reduce(&mut self, op: Op) -> Result<(), CollectiveError> {
         wit::all_reduce(&self.0, op.into()).map_err(CollectiveError::from)
     }
+}
+
+/// [`Tensor::all_reduce`] of several tensors in one collective call, as
+/// one all-reduce of their values one after the other (matched with a list
+/// all-reduce of as many f32): one round for all of a model's gradients.
+/// A tensor must not be listed twice. On an error every tensor holds zeros.
+pub fn all_reduce(tensors: &mut [&mut Tensor], op: Op) -> Result<(), CollectiveError> {
+    let handles: Vec<&wit::Tensor> = tensors.iter().map(|t| &t.0).collect();
+    wit::all_reduce_list(&handles, op.into()).map_err(CollectiveError::from)
+}
+
+/// Write `tensors` under their names into the safetensors file `path`
+/// (f32, little-endian; readable by the `safetensors` crate, PyTorch's
+/// `safetensors.torch.load_file` and [`load`]). The host writes the file
+/// from its own memory: a large model costs what writing the file costs.
+/// `path` is below the scratch directory ([`crate::scratch_dir`]), usually
+/// in the checkpoint directory about to be reported; the file appears whole
+/// or not at all. Names must be distinct and non-empty.
+pub fn save(path: impl AsRef<Path>, tensors: &[(&str, &Tensor)]) -> Result<(), TensorError> {
+    let path = utf8(path.as_ref())?;
+    let named: Vec<(String, &wit::Tensor)> =
+        tensors.iter().map(|(n, t)| (n.to_string(), &t.0)).collect();
+    Ok(wit::save(path, &named)?)
+}
+
+/// Every tensor of the safetensors file `path` (in the scratch directory
+/// or a restored checkpoint, [`crate::get_checkpoint`]), by name in the
+/// file's order, as new host tensors. Each must be f32 of rank 1 or 2;
+/// their bytes count against the memory limit before any is read.
+pub fn load(path: impl AsRef<Path>) -> Result<Vec<(String, Tensor)>, TensorError> {
+    let path = utf8(path.as_ref())?;
+    Ok(wit::load(path)?
+        .into_iter()
+        .map(|(n, t)| (n, Tensor(t)))
+        .collect())
+}
+
+fn utf8(path: &Path) -> Result<&str, TensorError> {
+    path.to_str().ok_or_else(|| {
+        TensorError::Invalid(format!(
+            "{} is not UTF-8; name files in UTF-8",
+            path.display()
+        ))
+    })
 }

@@ -1,9 +1,14 @@
 //! The same model on host tensors (`"kernels": true`): the forward and
 //! backward passes as GEMMs and element-wise kernels in the host, at native
-//! speed, with the parameters and the optimizer's momentum kept there. The
-//! guest still owns the loop, the data and the all-reduce.
+//! speed, with the parameters, the optimizer's momentum and the gradients
+//! kept there: the gradients are all-reduced and the checkpoints written
+//! and read by the host. The guest owns the loop and the data.
 
-use trainhost_guest::tensor::{Activation, Tensor, TensorError};
+use std::error::Error;
+use std::path::Path;
+
+use trainhost_guest::collective::{CollectiveError, Op};
+use trainhost_guest::tensor::{self, Activation, Tensor, TensorError};
 
 use crate::data::{CLASSES, PIXELS, Set};
 use crate::model::{Layout, Tally};
@@ -12,6 +17,7 @@ use crate::model::{Layout, Tally};
 /// b2), and the activations of the last batch.
 pub struct HostModel {
     hidden: u32,
+    names: [&'static str; 4],
     params: Vec<Tensor>,
     velocity: Vec<Tensor>,
     grads: Vec<Tensor>,
@@ -42,13 +48,66 @@ impl HostModel {
                 })
                 .collect()
         };
+        Self::with(layout, load(params)?, load(velocity)?)
+    }
+
+    /// The model with these parameters and momentum, in the layout's
+    /// order, and zero gradients.
+    fn with(
+        layout: &Layout,
+        params: Vec<Tensor>,
+        velocity: Vec<Tensor>,
+    ) -> Result<Self, TensorError> {
+        let grads = params
+            .iter()
+            .map(|p| Tensor::zeros(&p.shape()))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             hidden: layout.hidden as u32,
-            params: load(params)?,
-            velocity: load(velocity)?,
-            grads: load(&vec![0.0; layout.len()])?,
+            names: layout.tensors().map(|(name, _, _)| name),
+            params,
+            velocity,
+            grads,
             batch: None,
         })
+    }
+
+    /// The model a checkpoint's `model.safetensors` and
+    /// `optimizer.safetensors` hold (written by [`HostModel::save`] or by
+    /// the guest's own code: the same files), read by the host.
+    pub fn load(dir: &Path, layout: &Layout) -> Result<Self, Box<dyn Error>> {
+        let read = |file: &str| -> Result<Vec<Tensor>, Box<dyn Error>> {
+            let path = dir.join(file);
+            let mut found = tensor::load(&path)?;
+            layout
+                .tensors()
+                .into_iter()
+                .map(|(name, _, shape)| {
+                    let shape: Vec<u32> = shape.iter().map(|&d| d as u32).collect();
+                    let at = found
+                        .iter()
+                        .position(|(n, t)| n == name && t.shape() == shape)
+                        .ok_or_else(|| {
+                            format!("{}: no tensor {name} of shape {shape:?}", path.display())
+                        })?;
+                    Ok(found.swap_remove(at).1)
+                })
+                .collect()
+        };
+        Ok(Self::with(
+            layout,
+            read("model.safetensors")?,
+            read("optimizer.safetensors")?,
+        )?)
+    }
+
+    /// Write the parameters (`model.safetensors`) and the momentum
+    /// (`optimizer.safetensors`) into `dir`, from the host.
+    pub fn save(&self, dir: &Path) -> Result<(), TensorError> {
+        let params: Vec<(&str, &Tensor)> = self.names.into_iter().zip(&self.params).collect();
+        let velocity: Vec<(&str, &Tensor)> = self.names.into_iter().zip(&self.velocity).collect();
+        tensor::save(dir.join("model.safetensors"), &params)?;
+        tensor::save(dir.join("optimizer.safetensors"), &velocity)
     }
 
     /// Forward over `indexes` of `set`; with `train`, the summed loss's
@@ -101,42 +160,33 @@ impl HostModel {
         })
     }
 
-    /// The gradients, flat in the layout's order.
-    pub fn gradients(&self, flat: &mut Vec<f32>) {
-        flat.clear();
-        for g in &self.grads {
-            flat.extend(g.to_vec());
-        }
+    /// Zero gradients: a rank with no share of a batch adds nothing.
+    pub fn zero_gradients(&mut self) {
+        self.grads.iter_mut().for_each(|g| g.scale(0.0));
     }
 
-    /// Take an SGD step with momentum along `flat` (every rank's summed
-    /// gradient) times `scale`.
-    pub fn step(
-        &mut self,
-        flat: &[f32],
-        scale: f32,
-        lr: f32,
-        momentum: f32,
-    ) -> Result<(), TensorError> {
-        let mut offset = 0;
+    /// Sum every rank's gradients, in the host, in one all-reduce.
+    pub fn all_reduce_gradients(&mut self) -> Result<(), CollectiveError> {
+        let mut grads: Vec<&mut Tensor> = self.grads.iter_mut().collect();
+        tensor::all_reduce(&mut grads, Op::Sum)
+    }
+
+    /// Take an SGD step with momentum along the gradients times `scale`.
+    pub fn step(&mut self, scale: f32, lr: f32, momentum: f32) -> Result<(), TensorError> {
         for ((p, v), g) in self
             .params
             .iter_mut()
             .zip(&mut self.velocity)
             .zip(&mut self.grads)
         {
-            let n: usize = g.shape().iter().map(|&d| d as usize).product();
-            g.assign(&flat[offset..offset + n])?;
             g.scale(scale);
             p.sgd_momentum(v, g, lr, momentum)?;
-            offset += n;
         }
         Ok(())
     }
 
-    /// The parameters and the momentum, flat in the layout's order.
-    pub fn state(&self) -> (Vec<f32>, Vec<f32>) {
-        let flat = |ts: &[Tensor]| ts.iter().flat_map(Tensor::to_vec).collect();
-        (flat(&self.params), flat(&self.velocity))
+    /// The parameters, flat in the layout's order.
+    pub fn parameters(&self) -> Vec<f32> {
+        self.params.iter().flat_map(Tensor::to_vec).collect()
     }
 }

@@ -31,8 +31,9 @@
 //! `validation_per_mille` (200), `fail_at_epoch` (none: the last rank
 //! panics at that epoch unless the run resumed from a checkpoint, to show
 //! recovery), `kernels` (false: with true, the forward and backward passes
-//! and the SGD step run as host kernels on host tensors, `host.rs`; same
-//! model, same data, same all-reduce).
+//! and the SGD step run as host kernels on host tensors, `host.rs`, whose
+//! gradients are all-reduced and whose checkpoints are written and read
+//! in the host; same model, same data, same files).
 
 mod data;
 mod host;
@@ -107,24 +108,42 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
         hidden: config.hidden,
     };
 
-    let (mut params, mut velocity, start) = match trainhost_guest::get_checkpoint() {
-        Some(checkpoint) => {
-            let restored = load(checkpoint.path(), &layout)?;
+    let checkpoint = trainhost_guest::get_checkpoint();
+    let start = match &checkpoint {
+        Some(c) => {
+            let state = read_state(c.path(), &layout)?;
             if rank == 0 {
-                println!("resuming after epoch {}", restored.state.epoch);
+                println!("resuming after epoch {}", state.epoch);
             }
-            (restored.params, restored.velocity, restored.state.epoch + 1)
+            state.epoch + 1
         }
-        None => (layout.init(config.seed), vec![0.0; layout.len()], 0),
+        None => 0,
     };
     let resumed = start > 0;
+    // With `kernels`, the model lives in host tensors, and the host reads
+    // and writes its checkpoints (the same files either way).
+    let (mut on_host, mut params, mut velocity) = match (&checkpoint, config.kernels) {
+        (Some(c), true) => (Some(HostModel::load(c.path(), &layout)?), vec![], vec![]),
+        (Some(c), false) => {
+            let dir = c.path();
+            let params = read_tensors(&dir.join("model.safetensors"), &layout)?;
+            let velocity = read_tensors(&dir.join("optimizer.safetensors"), &layout)?;
+            (None, params, velocity)
+        }
+        (None, kernels) => {
+            let (params, velocity) = (layout.init(config.seed), vec![0.0; layout.len()]);
+            match kernels {
+                true => (
+                    Some(HostModel::new(&layout, &params, &velocity)?),
+                    vec![],
+                    vec![],
+                ),
+                false => (None, params, velocity),
+            }
+        }
+    };
     let mut grad = vec![0.0f32; layout.len()];
     let mut hidden = Vec::with_capacity(config.hidden);
-    // With `kernels`, the model lives in host tensors from here on.
-    let mut on_host = match config.kernels {
-        true => Some(HostModel::new(&layout, &params, &velocity)?),
-        false => None,
-    };
 
     for epoch in start..config.num_epochs {
         if config.fail_at_epoch == Some(epoch) && !resumed && rank + 1 == world {
@@ -140,16 +159,15 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
             if let Some(model) = &mut on_host {
                 let share: Vec<usize> = batch.iter().copied().skip(rank).step_by(world).collect();
                 if share.is_empty() {
-                    grad.fill(0.0);
+                    model.zero_gradients();
                 } else {
                     let t = model.pass(&train_set, &share, true)?;
                     mine.loss += t.loss;
                     mine.correct += t.correct;
-                    model.gradients(&mut grad);
                 }
-                collective::all_reduce(&mut grad, Op::Sum)?;
+                model.all_reduce_gradients()?;
                 let scale = 1.0 / batch.len() as f32;
-                model.step(&grad, scale, config.lr, config.momentum)?;
+                model.step(scale, config.lr, config.momentum)?;
                 continue;
             }
             grad.fill(0.0);
@@ -178,7 +196,7 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
         let seconds = started.elapsed().as_secs_f64();
         let val = match &mut on_host {
             Some(model) => {
-                (params, velocity) = model.state();
+                params = model.parameters();
                 let share: Vec<usize> = (rank..validation.len()).step_by(world).collect();
                 model.pass(&validation, &share, false)?
             }
@@ -219,7 +237,13 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
                 return Ok(None);
             }
             let dir = trainhost_guest::scratch_dir().join("checkpoint");
-            Ok(Some(save(&dir, &layout, &params, &velocity, &state)?))
+            Ok(Some(save(&dir, &state, |dir| match &on_host {
+                Some(model) => Ok(model.save(dir)?),
+                None => {
+                    write_tensors(&dir.join("model.safetensors"), &layout, &params)?;
+                    write_tensors(&dir.join("optimizer.safetensors"), &layout, &velocity)
+                }
+            })?))
         };
         trainhost_guest::report(metrics.clone(), if due { save()? } else { None })?;
 
@@ -271,18 +295,16 @@ fn check_in_sync(params: &[f32], epoch: u32) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// Write the model, the optimizer's momentum and `state` into `dir`.
+/// Write the model and the optimizer's momentum (with `tensors`) and
+/// `state` into `dir`.
 fn save(
     dir: &Path,
-    layout: &Layout,
-    params: &[f32],
-    velocity: &[f32],
     state: &State,
+    tensors: impl FnOnce(&Path) -> Result<(), Box<dyn Error>>,
 ) -> Result<Checkpoint, Box<dyn Error>> {
     let _ = fs::remove_dir_all(dir);
     fs::create_dir_all(dir)?;
-    write_tensors(&dir.join("model.safetensors"), layout, params)?;
-    write_tensors(&dir.join("optimizer.safetensors"), layout, velocity)?;
+    tensors(dir)?;
     fs::write(dir.join("state.json"), serde_json::to_vec(state)?)?;
     Ok(Checkpoint::from_directory(dir))
 }
@@ -305,15 +327,8 @@ fn write_tensors(path: &Path, layout: &Layout, flat: &[f32]) -> Result<(), Box<d
     Ok(())
 }
 
-/// What a checkpoint holds.
-struct Restored {
-    params: Vec<f32>,
-    velocity: Vec<f32>,
-    state: State,
-}
-
-/// Read a checkpoint `save` wrote.
-fn load(dir: &Path, layout: &Layout) -> Result<Restored, Box<dyn Error>> {
+/// The state of a checkpoint `save` wrote, checked against the config.
+fn read_state(dir: &Path, layout: &Layout) -> Result<State, Box<dyn Error>> {
     let state: State = serde_json::from_slice(&fs::read(dir.join("state.json"))?)?;
     if state.hidden != layout.hidden {
         return Err(format!(
@@ -322,13 +337,7 @@ fn load(dir: &Path, layout: &Layout) -> Result<Restored, Box<dyn Error>> {
         )
         .into());
     }
-    let params = read_tensors(&dir.join("model.safetensors"), layout)?;
-    let velocity = read_tensors(&dir.join("optimizer.safetensors"), layout)?;
-    Ok(Restored {
-        params,
-        velocity,
-        state,
-    })
+    Ok(state)
 }
 
 fn read_tensors(path: &Path, layout: &Layout) -> Result<Vec<f32>, Box<dyn Error>> {

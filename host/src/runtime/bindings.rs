@@ -13,6 +13,8 @@ wasmtime::component::bindgen!({
         "trainhost:train/session.report-handing-over": async | trappable,
         "trainhost:train/collective": async | trappable,
         "trainhost:train/tensors.all-reduce": async | trappable,
+        "trainhost:train/tensors.all-reduce-list": async | trappable,
+        "trainhost:train/tensors.broadcast": async | trappable,
         default: trappable,
     },
     // A rank's host tensors, in its own resource table.

@@ -9,6 +9,8 @@ pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
 pub(crate) mod sandbox;
+mod tensor_exchange;
+mod tensor_files;
 mod tensors;
 mod trap;
 
@@ -34,7 +36,7 @@ use rank::RankState;
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// The WIT package version this host implements, for messages.
-pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.3";
+pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.4";
 
 /// A guest compiled once and ready to instantiate for any number of ranks.
 pub(crate) struct GuestComponent {

@@ -48,10 +48,13 @@ impl std::fmt::Debug for dyn OutputSink {
 pub(crate) struct RankState {
     wasi: WasiCtx,
     pub(super) table: ResourceTable,
-    info: RankInfo,
+    pub(super) info: RankInfo,
     shared: RankShared,
-    sandbox: Sandbox,
+    pub(super) sandbox: Sandbox,
     pub(super) attempt: RankHandle,
+    /// The threads this rank's kernels may use: its share of the host's
+    /// cores (see `crate::tensor::threads_per_rank`).
+    pub(super) kernel_threads: usize,
     pub(super) memory: MemoryLimiter,
     /// A collective call told the guest that the run is stopping.
     pub(super) told_to_stop: bool,
@@ -311,6 +314,7 @@ fn build_state(
         shared,
         sandbox,
         attempt,
+        kernel_threads: crate::tensor::threads_per_rank(info.local_world_size),
         told_to_stop: false,
     })
 }

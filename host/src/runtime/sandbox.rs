@@ -133,12 +133,7 @@ impl Sandbox {
         let Some((name, parents)) = rest.split_last() else {
             return Err(PathError::HandOverMount(path));
         };
-        let parent = if parents.is_empty() {
-            mount.dir.try_clone()
-        } else {
-            mount.dir.open_dir(parents.join("/"))
-        }
-        .map_err(|source| open_error(path.clone(), source))?;
+        let parent = open_below(mount, parents, &path)?;
         let io = |source| PathError::Io {
             path: path.clone(),
             source,
@@ -165,6 +160,33 @@ impl Sandbox {
         let to_parent = Dir::open_ambient_dir(to_parent, ambient_authority()).map_err(io)?;
         parent.rename(name, &to_parent, to_name).map_err(io)?;
         parent.create_dir(name).map_err(io)
+    }
+}
+
+/// The directory `parents` below `mount`; `path` names it in errors.
+fn open_below(mount: &Mount, parents: &[String], path: &str) -> Result<Dir, PathError> {
+    if parents.is_empty() {
+        mount.dir.try_clone()
+    } else {
+        mount.dir.open_dir(parents.join("/"))
+    }
+    .map_err(|source| open_error(path.to_owned(), source))
+}
+
+impl Sandbox {
+    /// The directory that holds the file a guest names, and the file's
+    /// name in it, for the host to read or (with `write`) write that file
+    /// through the directory's handle. Restored checkpoints are read-only.
+    pub fn file_in(&self, guest_path: &str, write: bool) -> Result<(Dir, String), PathError> {
+        let (mount, rest) = self.resolve(guest_path)?;
+        let path = guest_path.to_owned();
+        let Some((name, parents)) = rest.split_last() else {
+            return Err(PathError::NotAFile(path));
+        };
+        if write && mount.guest == components(RESTORE_GUEST_PATH) {
+            return Err(PathError::ReadOnly(path));
+        }
+        Ok((open_below(mount, parents, &path)?, name.clone()))
     }
 }
 
@@ -215,6 +237,12 @@ pub(crate) enum PathError {
         "checkpoint path {0:?} is a symbolic link; hand over the directory it points to, by its own path"
     )]
     HandOverLink(String),
+    #[error("{0:?} is a directory the sandbox mounts, not a file")]
+    NotAFile(String),
+    #[error(
+        "{0:?} is in a restored checkpoint, which is read-only; write files below {SCRATCH_GUEST_PATH}"
+    )]
+    ReadOnly(String),
     #[error("cannot open checkpoint directory {path:?}: {source}")]
     Io {
         path: String,
@@ -273,6 +301,34 @@ mod tests {
         ];
         for (path, expected) in cases {
             let err = sb.open_dir(path).unwrap_err().to_string();
+            assert!(err.contains(expected), "{path}: {err}");
+        }
+    }
+
+    #[test]
+    fn files_resolve_to_their_directory_and_restored_ones_are_read_only() {
+        let (tmp, mut sb) = sandbox();
+        let restored = tmp.path().join("restored");
+        std::fs::create_dir_all(restored.join("ckpt-1")).unwrap();
+        sb.mount(RESTORE_GUEST_PATH, &restored).unwrap();
+        let (dir, name) = sb.file_in("ckpt/sub/w.safetensors", true).unwrap();
+        assert_eq!(name, "w.safetensors");
+        dir.write(&name, b"w").unwrap();
+        assert!(tmp.path().join("scratch/ckpt/sub/w.safetensors").exists());
+        assert!(
+            sb.file_in("/checkpoints/ckpt-1/w.safetensors", false)
+                .is_ok()
+        );
+        let cases = [
+            ("/checkpoints/ckpt-1/w.safetensors", "read-only"),
+            ("/scratch", "not a file"),
+            ("abs-link/w", "symbolic link"),
+            ("../w", "'..'"),
+            ("/etc/passwd", "outside the sandbox"),
+            ("missing/w", "does not exist"),
+        ];
+        for (path, expected) in cases {
+            let err = sb.file_in(path, true).unwrap_err().to_string();
             assert!(err.contains(expected), "{path}: {err}");
         }
     }

@@ -9,14 +9,13 @@
 use wasmtime::component::{Resource, ResourceTableError};
 
 use super::bindings::trainhost::train::collective::{CollectiveError, ReduceOp};
-use super::bindings::trainhost::train::tensors::{self, Activation, TensorError};
+use super::bindings::trainhost::train::tensors::{self, Activation, AdamStep, TensorError};
 use super::rank::{RankState, StoppedByHost};
-use crate::collective::{Call, Delivered, Values};
 use crate::tensor::{self as kernels, Tensor, TensorError as Refused};
 
-type Answer<T> = wasmtime::Result<Result<T, TensorError>>;
+pub(super) type Answer<T> = wasmtime::Result<Result<T, TensorError>>;
 
-fn refused(e: Refused) -> TensorError {
+pub(super) fn refused(e: Refused) -> TensorError {
     match e {
         Refused::Shape(m) => TensorError::Shape(m),
         Refused::Invalid(m) => TensorError::Invalid(m),
@@ -37,7 +36,7 @@ fn activation(f: Activation) -> kernels::Activation {
 
 impl RankState {
     /// Trap if the run is stopping: a rank stops at its next kernel call.
-    fn check_running(&self) -> wasmtime::Result<()> {
+    pub(super) fn check_running(&self) -> wasmtime::Result<()> {
         if self.told_to_stop || self.attempt.is_stopping() {
             return Err(wasmtime::Error::new(StoppedByHost));
         }
@@ -155,9 +154,11 @@ impl tensors::Host for RankState {
         beta: f32,
     ) -> Answer<()> {
         let attempt = self.attempt.clone();
+        let threads = self.kernel_threads;
         self.with_output(&c, &[&a, &b], |c, ab| {
             let stop = || attempt.is_stopping();
-            kernels::gemm(c, alpha, ab[0], trans_a, ab[1], trans_b, beta, &stop)
+            let (a, b) = (ab[0], ab[1]);
+            kernels::gemm(c, alpha, a, trans_a, b, trans_b, beta, threads, &stop)
         })
     }
 
@@ -236,34 +237,73 @@ impl tensors::Host for RankState {
         result
     }
 
+    fn adam(
+        &mut self,
+        param: Resource<Tensor>,
+        m: Resource<Tensor>,
+        v: Resource<Tensor>,
+        grad: Resource<Tensor>,
+        h: AdamStep,
+    ) -> Answer<()> {
+        self.check_running()?;
+        let outputs = [param.rep(), m.rep(), v.rep()];
+        if outputs.contains(&grad.rep())
+            || outputs[0] == outputs[1]
+            || outputs[0] == outputs[2]
+            || outputs[1] == outputs[2]
+        {
+            return Ok(Err(TensorError::Invalid(
+                "adam: param, m, v and grad must be four different tensors".into(),
+            )));
+        }
+        let h = kernels::AdamStep {
+            lr: h.lr,
+            beta1: h.beta1,
+            beta2: h.beta2,
+            epsilon: h.epsilon,
+            step: h.step,
+        };
+        // Three outputs: the moments out of the table too while param is
+        // written.
+        let mut m_t = std::mem::replace(self.table.get_mut(&m)?, Tensor::empty());
+        let mut v_t = std::mem::replace(self.table.get_mut(&v)?, Tensor::empty());
+        let result = self.with_output(&param, &[&grad], |p, g| {
+            kernels::adam(p, &mut m_t, &mut v_t, g[0], h)
+        });
+        *self.table.get_mut(&m)? = m_t;
+        *self.table.get_mut(&v)? = v_t;
+        result
+    }
+
+    fn save(&mut self, path: String, tensors: Vec<(String, Resource<Tensor>)>) -> Answer<()> {
+        self.save_tensors(&path, &tensors)
+    }
+
+    fn load(&mut self, path: String) -> Answer<Vec<(String, Resource<Tensor>)>> {
+        self.load_tensors(&path)
+    }
+
     async fn all_reduce(
         &mut self,
         t: Resource<Tensor>,
         o: ReduceOp,
     ) -> wasmtime::Result<Result<(), CollectiveError>> {
-        // The values go to the exchange and come back combined in the
-        // same buffer (R33): moved, not copied.
-        let values = self.table.get_mut(&t)?.take_values();
-        let call = Call::AllReduce {
-            values: Values::F32(values),
-            op: super::collective::op(o),
-        };
-        let answer = self
-            .collective(call, |d| match d {
-                Delivered::Values(Values::F32(v)) => Some(v),
-                _ => None,
-            })
-            .await;
-        let tensor = self.table.get_mut(&t)?;
-        match answer {
-            Ok(Ok(combined)) => {
-                tensor.put_values(combined)?;
-                Ok(Ok(()))
-            }
-            other => {
-                tensor.refill_zeros();
-                other.map(|r| r.map(drop))
-            }
-        }
+        self.all_reduce_tensors(std::slice::from_ref(&t), o).await
+    }
+
+    async fn all_reduce_list(
+        &mut self,
+        ts: Vec<Resource<Tensor>>,
+        o: ReduceOp,
+    ) -> wasmtime::Result<Result<(), CollectiveError>> {
+        self.all_reduce_tensors(&ts, o).await
+    }
+
+    async fn broadcast(
+        &mut self,
+        t: Resource<Tensor>,
+        root: u32,
+    ) -> wasmtime::Result<Result<(), CollectiveError>> {
+        self.broadcast_tensor(&t, root).await
     }
 }

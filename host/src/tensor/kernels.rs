@@ -23,9 +23,10 @@ pub(crate) enum Activation {
     Exp,
 }
 
-/// `c = alpha * op(a) * op(b) + beta * c`, `op` transposing when asked.
-/// Asks `stop` between blocks of rows of `c`; when it says so, returns
-/// [`TensorError::Stopped`] with `c` partly computed.
+/// `c = alpha * op(a) * op(b) + beta * c`, `op` transposing when asked,
+/// on up to `threads` threads of rayon's pool (the gemm crate decides how
+/// many a size is worth). Asks `stop` between blocks of `c`; when it says
+/// so, returns [`TensorError::Stopped`] with `c` partly computed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     c: &mut Tensor,
@@ -35,6 +36,7 @@ pub(crate) fn gemm(
     b: &Tensor,
     trans_b: bool,
     beta: f32,
+    threads: usize,
     stop: &dyn Fn() -> bool,
 ) -> Result<(), TensorError> {
     let (ar, ac) = a.matrix("a")?;
@@ -56,7 +58,11 @@ pub(crate) fn gemm(
             "gemm: op(a) is {m}×{k} and op(b) {k2}×{n}, so c must be {m}×{n} with equal inner sizes; c is {cr}×{cc}"
         )));
     }
-    let (block_rows, block_cols) = block(m, k, n);
+    let parallelism = match threads {
+        0 | 1 => gemm::Parallelism::None,
+        n => gemm::Parallelism::Rayon(n),
+    };
+    let (block_rows, block_cols) = block(m, k, n, threads.max(1));
     for row in (0..m).step_by(block_rows.max(1)) {
         for col in (0..n).step_by(block_cols.max(1)) {
             if stop() {
@@ -88,7 +94,7 @@ pub(crate) fn gemm(
                     false,
                     false,
                     false,
-                    gemm::Parallelism::None,
+                    parallelism,
                 );
             }
         }
@@ -96,21 +102,23 @@ pub(crate) fn gemm(
     Ok(())
 }
 
-/// The rows and columns of c one block of an `m × k × n` GEMM computes:
-/// all of it when that is little work, else blocks of about
-/// [`FLOPS_PER_BLOCK`], never thinner than [`MIN_BLOCK`].
-fn block(m: usize, k: usize, n: usize) -> (usize, usize) {
+/// The rows and columns of c one block of an `m × k × n` GEMM on
+/// `threads` threads computes: all of it when that is little work, else
+/// blocks of about [`FLOPS_PER_BLOCK`] per thread (the same time between
+/// two asks of the stop callback), never thinner than [`MIN_BLOCK`].
+fn block(m: usize, k: usize, n: usize, threads: usize) -> (usize, usize) {
     let per_output = 2 * k.max(1);
-    if m * n * per_output <= FLOPS_PER_BLOCK {
+    let flops = FLOPS_PER_BLOCK * threads;
+    if m * n * per_output <= flops {
         return (m, n);
     }
     let rows = MIN_BLOCK.min(m);
-    let cols = (FLOPS_PER_BLOCK / (rows * per_output)).clamp(MIN_BLOCK.min(n), n);
+    let cols = (flops / (rows * per_output)).clamp(MIN_BLOCK.min(n), n);
     if cols < n {
         return (rows, cols);
     }
     // Whole rows fit a block: as many as make one.
-    let rows = (FLOPS_PER_BLOCK / (n * per_output)).clamp(MIN_BLOCK.min(m), m);
+    let rows = (flops / (n * per_output)).clamp(MIN_BLOCK.min(m), m);
     (rows, n)
 }
 
@@ -268,6 +276,59 @@ pub(crate) fn sgd_momentum(
     {
         *v = momentum * *v + g;
         *p -= lr * *v;
+    }
+    Ok(())
+}
+
+/// Adam's hyperparameters for one step; `step` counts from 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct AdamStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub epsilon: f32,
+    pub step: u32,
+}
+
+/// Adam: `m = beta1 * m + (1 - beta1) * grad`, `v = beta2 * v + (1 -
+/// beta2) * grad^2`, `param -= lr * m' / (sqrt(v') + epsilon)` with the
+/// bias-corrected moments `m' = m / (1 - beta1^step)`, `v' = v / (1 -
+/// beta2^step)`: Kingma and Ba's algorithm 1, as PyTorch and burn compute
+/// it.
+pub(crate) fn adam(
+    param: &mut Tensor,
+    m: &mut Tensor,
+    v: &mut Tensor,
+    grad: &Tensor,
+    h: AdamStep,
+) -> Result<(), TensorError> {
+    same_shape("param", param, "m", m)?;
+    same_shape("param", param, "v", v)?;
+    same_shape("param", param, "grad", grad)?;
+    let unit = |b: f32| (0.0..1.0).contains(&b);
+    let usable =
+        h.step > 0 && unit(h.beta1) && unit(h.beta2) && h.epsilon.is_finite() && h.epsilon > 0.0;
+    if !usable {
+        return Err(TensorError::Invalid(format!(
+            "adam: step counts from 1 and needs 0 <= beta1, beta2 < 1 and epsilon > 0, not step {}, beta1 {}, beta2 {}, epsilon {}",
+            h.step, h.beta1, h.beta2, h.epsilon
+        )));
+    }
+    // The corrections in f64: beta^step for large steps underflows f32's
+    // precision long before it reaches 0.
+    let step = i32::try_from(h.step).unwrap_or(i32::MAX);
+    let c1 = (1.0 - f64::from(h.beta1).powi(step)) as f32;
+    let c2 = (1.0 - f64::from(h.beta2).powi(step)) as f32;
+    for (((p, m), v), g) in param
+        .data
+        .iter_mut()
+        .zip(&mut m.data)
+        .zip(&mut v.data)
+        .zip(&grad.data)
+    {
+        *m = h.beta1 * *m + (1.0 - h.beta1) * g;
+        *v = h.beta2 * *v + (1.0 - h.beta2) * g * g;
+        *p -= h.lr * (*m / c1) / ((*v / c2).sqrt() + h.epsilon);
     }
     Ok(())
 }

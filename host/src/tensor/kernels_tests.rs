@@ -37,7 +37,7 @@ fn gemm_matches_the_textbook_product_with_every_transposition() {
         };
         let c0 = t(&[m, n], 3);
         let mut c = c0.clone();
-        gemm(&mut c, 0.5, &a, trans_a, &b, trans_b, 2.0, &never).unwrap();
+        gemm(&mut c, 0.5, &a, trans_a, &b, trans_b, 2.0, 1, &never).unwrap();
         for i in 0..m as usize {
             for j in 0..n as usize {
                 let dot: f32 = (0..k as usize)
@@ -59,7 +59,7 @@ fn gemm_matches_the_textbook_product_with_every_transposition() {
 fn gemm_with_beta_zero_ignores_what_c_held() {
     let (a, b) = (t(&[4, 4], 1), t(&[4, 4], 2));
     let mut c = Tensor::from_vec(&[4, 4], vec![f32::NAN; 16]).unwrap();
-    gemm(&mut c, 1.0, &a, false, &b, false, 0.0, &never).unwrap();
+    gemm(&mut c, 1.0, &a, false, &b, false, 0.0, 1, &never).unwrap();
     assert!(c.values().iter().all(|v| v.is_finite()));
 }
 
@@ -68,47 +68,47 @@ fn gemm_refuses_shapes_that_do_not_fit_and_changes_nothing() {
     let (a, b) = (t(&[2, 3], 1), t(&[2, 3], 2));
     let mut c = t(&[2, 2], 3);
     let before = c.clone();
-    let e = gemm(&mut c, 1.0, &a, false, &b, false, 0.0, &never).unwrap_err();
+    let e = gemm(&mut c, 1.0, &a, false, &b, false, 0.0, 1, &never).unwrap_err();
     assert!(e.to_string().contains("op(a) is 2×3 and op(b) 2×3"), "{e}");
     assert_eq!(c, before);
     // With b transposed the same tensors fit.
-    gemm(&mut c, 1.0, &a, false, &b, true, 0.0, &never).unwrap();
-    let e = gemm(&mut c, 1.0, &t(&[6], 1), false, &b, false, 0.0, &never).unwrap_err();
+    gemm(&mut c, 1.0, &a, false, &b, true, 0.0, 1, &never).unwrap();
+    let e = gemm(&mut c, 1.0, &t(&[6], 1), false, &b, false, 0.0, 1, &never).unwrap_err();
     assert!(e.to_string().contains("a must be a matrix"), "{e}");
 }
 
 #[test]
 fn blocks_hold_about_the_same_work_and_are_never_thin() {
-    assert_eq!(block(10, 10, 10), (10, 10), "little work: one block");
-    let (r, c) = block(2048, 512, 512);
+    assert_eq!(block(10, 10, 10, 1), (10, 10), "little work: one block");
+    let (r, c) = block(2048, 512, 512, 1);
     assert_eq!(c, 512, "whole rows");
     assert!(
         r >= MIN_BLOCK && 2 * r * 512 * 512 <= FLOPS_PER_BLOCK + 2 * 512 * 512,
         "{r}"
     );
-    let (r, c) = block(4096, 8192, 4096);
+    let (r, c) = block(4096, 8192, 4096, 1);
     assert_eq!(
         (r, c),
         (MIN_BLOCK, MIN_BLOCK),
         "a huge inner size: the smallest block"
     );
-    let (r, c) = block(100_000, 64, 100_000);
+    let (r, c) = block(100_000, 64, 100_000, 1);
     assert!(
         r == MIN_BLOCK && (MIN_BLOCK..100_000).contains(&c),
         "{r} {c}"
     );
-    assert_eq!(block(1, 100_000, 100_000).0, 1);
+    assert_eq!(block(1, 100_000, 100_000, 1).0, 1);
 }
 
 #[test]
 fn a_blocked_gemm_equals_one_done_whole() {
     // Enough work for several blocks in both directions, odd sizes.
     let (m, k, n) = (700, 300, 1100);
-    assert!(block(m, k, n) != (m, n));
+    assert!(block(m, k, n, 1) != (m, n));
     let (a, b) = (t(&[m as u32, k as u32], 1), t(&[k as u32, n as u32], 2));
     let mut blocked = t(&[m as u32, n as u32], 3);
     let mut whole = blocked.clone();
-    gemm(&mut blocked, 1.5, &a, false, &b, false, 0.5, &never).unwrap();
+    gemm(&mut blocked, 1.5, &a, false, &b, false, 0.5, 1, &never).unwrap();
     // SAFETY: the shapes above, row-major.
     unsafe {
         gemm::gemm(
@@ -143,6 +143,32 @@ fn a_blocked_gemm_equals_one_done_whole() {
 }
 
 #[test]
+fn threads_share_the_work_and_change_only_the_rounding() {
+    let (m, k, n) = (700, 300, 1100);
+    let (a, b) = (t(&[m, k], 1), t(&[k, n], 2));
+    let mut one = Tensor::zeros(&[m, n]).unwrap();
+    let mut two = one.clone();
+    gemm(&mut one, 1.0, &a, false, &b, false, 0.0, 1, &never).unwrap();
+    gemm(&mut two, 1.0, &a, false, &b, false, 0.0, 2, &never).unwrap();
+    let worst = one
+        .values()
+        .iter()
+        .zip(two.values())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    // Sums of 300 products of values in [-1, 1), added in another order.
+    assert!(worst <= 1e-4, "{worst}");
+    // A block holds a thread's share of work for each thread.
+    let (r, c) = block(2048, 512, 512, 2);
+    assert_eq!(c, 512);
+    assert!(
+        2 * r * 512 * 512 <= 2 * FLOPS_PER_BLOCK + 2 * 512 * 512,
+        "{r}"
+    );
+    assert!(r > block(2048, 512, 512, 1).0, "{r}");
+}
+
+#[test]
 fn a_long_gemm_stops_between_blocks_when_asked() {
     // 2048 rows of 512 × 512: ~1 GFLOP, about ten blocks.
     let (a, b) = (t(&[2048, 512], 1), t(&[512, 512], 2));
@@ -152,7 +178,7 @@ fn a_long_gemm_stops_between_blocks_when_asked() {
         asked.set(asked.get() + 1);
         asked.get() > 2
     };
-    let e = gemm(&mut c, 1.0, &a, false, &b, false, 0.0, &stop).unwrap_err();
+    let e = gemm(&mut c, 1.0, &a, false, &b, false, 0.0, 1, &stop).unwrap_err();
     assert_eq!(e, TensorError::Stopped);
     assert_eq!(
         asked.get(),
@@ -298,4 +324,87 @@ fn sgd_with_momentum_steps_like_its_formula() {
         assert_eq!(p.values()[i], p0.values()[i] - 0.1 * v1);
     }
     assert!(sgd_momentum(&mut p, &mut v, &t(&[5], 1), 0.1, 0.9).is_err());
+}
+
+#[test]
+fn adam_follows_kingma_and_ba_over_several_steps() {
+    let h = |step| AdamStep {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-8,
+        step,
+    };
+    let mut p = t(&[3, 2], 1);
+    let (mut m, mut v) = (
+        Tensor::zeros(&[3, 2]).unwrap(),
+        Tensor::zeros(&[3, 2]).unwrap(),
+    );
+    // The reference in f64, step by step.
+    let mut want: Vec<f64> = p.values().iter().map(|&x| f64::from(x)).collect();
+    let (mut rm, mut rv) = (vec![0.0f64; 6], vec![0.0f64; 6]);
+    for step in 1..=3u32 {
+        let g = t(&[3, 2], 10 + u64::from(step));
+        adam(&mut p, &mut m, &mut v, &g, h(step)).unwrap();
+        for i in 0..6 {
+            let gi = f64::from(g.values()[i]);
+            rm[i] = 0.9 * rm[i] + 0.1 * gi;
+            rv[i] = 0.999 * rv[i] + 0.001 * gi * gi;
+            let mh = rm[i] / (1.0 - 0.9f64.powi(step as i32));
+            let vh = rv[i] / (1.0 - 0.999f64.powi(step as i32));
+            want[i] -= 0.01 * mh / (vh.sqrt() + 1e-8);
+        }
+    }
+    for (got, want) in p.values().iter().zip(&want) {
+        // Three f32 updates of about 0.01 each.
+        assert!((f64::from(*got) - want).abs() < 1e-6, "{got} vs {want}");
+    }
+    // The first step moves every parameter by lr against its gradient's
+    // sign, whatever the gradient's size.
+    let mut p = Tensor::from_vec(&[3], vec![1.0, 1.0, 1.0]).unwrap();
+    let (mut m, mut v) = (Tensor::zeros(&[3]).unwrap(), Tensor::zeros(&[3]).unwrap());
+    let g = Tensor::from_vec(&[3], vec![1e-3, -5.0, 200.0]).unwrap();
+    adam(&mut p, &mut m, &mut v, &g, h(1)).unwrap();
+    for (got, want) in p.values().iter().zip([0.99, 1.01, 0.99]) {
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+    }
+}
+
+#[test]
+fn adam_refuses_bad_shapes_and_hyperparameters_and_changes_nothing() {
+    let good = AdamStep {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-8,
+        step: 1,
+    };
+    let mut p = t(&[4], 1);
+    let (mut m, mut v) = (t(&[4], 2), t(&[4], 3));
+    let before = (p.clone(), m.clone(), v.clone());
+    let e = adam(&mut p, &mut m, &mut v, &t(&[5], 4), good).unwrap_err();
+    assert!(
+        e.to_string().contains("param has shape [4] and grad [5]"),
+        "{e}"
+    );
+    for bad in [
+        AdamStep { step: 0, ..good },
+        AdamStep { beta1: 1.0, ..good },
+        AdamStep {
+            beta2: -0.1,
+            ..good
+        },
+        AdamStep {
+            epsilon: 0.0,
+            ..good
+        },
+        AdamStep {
+            epsilon: f32::NAN,
+            ..good
+        },
+    ] {
+        let e = adam(&mut p, &mut m, &mut v, &t(&[4], 4), bad).unwrap_err();
+        assert!(matches!(e, TensorError::Invalid(_)), "{bad:?}: {e}");
+    }
+    assert_eq!((p, m, v), before);
 }

@@ -8,13 +8,23 @@
 //! ones ([`gemm`]) ask a `stop` callback between blocks of work, so that a
 //! rank whose run is stopping is not held up by its maths.
 
+pub(crate) mod file;
 mod kernels;
 mod random;
 
 pub(crate) use kernels::{
-    Activation, activate, activate_backward, add_row, axpy, gemm, scale, sgd_momentum,
-    softmax_cross_entropy, sum_rows,
+    Activation, AdamStep, activate, activate_backward, adam, add_row, axpy, gemm, scale,
+    sgd_momentum, softmax_cross_entropy, sum_rows,
 };
+
+/// The threads the kernels of one of `local_ranks` ranks on this host may
+/// use: an equal share of the cores this process may run on (its CPU
+/// affinity and cgroup quota), at least one. Ranks computing at once then
+/// never ask for more threads than there are cores.
+pub(crate) fn threads_per_rank(local_ranks: u32) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / local_ranks.max(1) as usize).max(1)
+}
 
 /// Why a kernel refused a call.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -90,6 +100,12 @@ impl Tensor {
     pub fn bytes_for(shape: &[u32]) -> Result<u64, TensorError> {
         let shape = check_shape(shape)?;
         Ok(shape.iter().product::<usize>() as u64 * 4)
+    }
+
+    /// How many values the shape holds (also while an exchange holds
+    /// them).
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
     }
 
     /// The bytes this tensor's values take.

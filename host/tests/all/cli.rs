@@ -164,7 +164,7 @@ fn bad_input_gets_one_clear_error_each() {
         ),
         (
             &["run", trainhost_test_artifacts::OTHER_WIT],
-            "was built against trainhost:train@0.9.0, but this host implements trainhost:train@0.1.3 (compatible with 0.1.x)",
+            "was built against trainhost:train@0.9.0, but this host implements trainhost:train@0.1.4 (compatible with 0.1.x)",
         ),
         (
             &["run", TEST_GUEST, "--storage", "cfg.json"],

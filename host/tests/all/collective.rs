@@ -10,11 +10,11 @@ use trainhost::{FailureConfig, FailureKind, Interruption, MaxFailures, ResourceL
 use crate::util::*;
 
 /// Element `i` of `rank`'s input, as the test guest computes it.
-fn value(rank: u32, i: usize) -> i64 {
+pub(crate) fn value(rank: u32, i: usize) -> i64 {
     ((i * 7919 + rank as usize * 104_729) % 1000) as i64
 }
 
-fn fnv(data: &[u8]) -> u64 {
+pub(crate) fn fnv(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })

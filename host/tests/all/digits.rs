@@ -99,8 +99,8 @@ fn on_host_kernels_the_same_model_reaches_the_same_accuracy_and_resumes() {
             "{workers} ranks: kernels {on_host}, guest {in_guest}"
         );
     }
-    // The model leaves the host tensors for checkpoints and comes back
-    // from them after a crash: the same steps, the same bits.
+    // The host writes the model's checkpoints from its tensors and reads
+    // them back into tensors after a crash: the same steps, the same bits.
     let config =
         |fail: Option<u32>| json!({"num_epochs": 12, "kernels": true, "fail_at_epoch": fail});
     let whole = train(2, config(None), 0);

@@ -135,3 +135,196 @@ fn a_tensor_all_reduce_equals_the_list_all_reduce_and_matches_it() {
     run.assert_ok();
     assert_eq!(run.stdout(0), run.stdout(1));
 }
+
+#[test]
+fn an_all_reduce_of_a_list_of_tensors_is_one_all_reduce_of_their_values() {
+    for op in ["sum", "max"] {
+        let run = run(
+            3,
+            json!([{"tensor_all_reduce_list": [300, 1, 699], "op": op}]),
+        );
+        run.assert_ok();
+        let want = crate::collective::expected(3, "f32", op, 1000);
+        for r in 0..3 {
+            assert_eq!(run.stdout(r), std::slice::from_ref(&want), "rank {r}, {op}");
+        }
+    }
+    // Matched with a list all-reduce and a single tensor of the same count.
+    let run = run(
+        3,
+        json!([
+            {"tensor_all_reduce_list": [4, 6], "ranks": [0]},
+            {"tensor_all_reduce": 10, "ranks": [1]},
+            {"all_reduce": "f32", "len": 10, "ranks": [2]},
+        ]),
+    );
+    run.assert_ok();
+    assert_eq!(run.stdout(0), run.stdout(1));
+    assert_eq!(run.stdout(0), run.stdout(2));
+}
+
+#[test]
+fn a_tensor_listed_twice_stops_the_run_instead_of_leaving_the_others_waiting() {
+    let run = run(
+        2,
+        json!([{"tensor_all_reduce_twice": true, "ranks": [0]}, {"barrier": true}]),
+    );
+    let e = run.result.error.clone().expect("the run fails");
+    assert_eq!(e.kind, FailureKind::Trap, "{e}");
+    assert!(
+        e.to_string()
+            .contains("the same tensor is in the list twice"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_tensor_broadcast_gives_every_rank_the_roots_values() {
+    let done = run(3, json!([{"tensor_broadcast": 100, "root": 1}]));
+    done.assert_ok();
+    let root = done.stdout(1);
+    assert!(root[0].starts_with("tensor_broadcast: "), "{root:?}");
+    assert_eq!(done.stdout(0), root);
+    assert_eq!(done.stdout(2), root);
+    // Its values are rank 1's.
+    let ones: Vec<u8> = (0..100)
+        .flat_map(|i| (crate::collective::value(1, i) as f32).to_le_bytes())
+        .collect();
+    assert_eq!(
+        root[0],
+        format!("tensor_broadcast: {:016x}", crate::collective::fnv(&ones))
+    );
+
+    // A list broadcast meets it; a rank whose tensor is of another size
+    // fails the run.
+    let failed = run(
+        3,
+        json!([
+            {"broadcast": "", "root": 0, "ranks": [0]},
+            {"tensor_broadcast": 0, "root": 0, "ranks": [1]},
+            {"tensor_broadcast": 3, "root": 0, "ranks": [2]},
+        ]),
+    );
+    let e = failed.result.error.clone().expect("the run fails");
+    assert!(
+        e.to_string()
+            .contains("rank 0 sent 0 values, but this rank's tensor of shape [3] holds 3"),
+        "{e}"
+    );
+}
+
+#[test]
+fn adam_steps_in_the_host_and_refuses_aliased_tensors() {
+    let run = run(1, json!([{"tensor_adam": true}]));
+    run.assert_ok();
+    assert_eq!(
+        run.stdout(0),
+        [
+            "tensor_adam: [0.9900, 1.0100, 0.9900]",
+            "tensor error: adam: param, m, v and grad must be four different tensors"
+        ]
+    );
+}
+
+#[test]
+fn tensors_saved_by_the_host_are_committed_and_load_back_after_a_restart() {
+    // The first attempt saves and reports; a run again by name restores
+    // the checkpoint (its `attempt` file says 1) and loads from it.
+    let steps = json!([
+        {"mkdir": "ckpt", "when_attempt": [0]},
+        {"tensor_save": "ckpt/model.safetensors", "seed": 5, "when_attempt": [0]},
+        {"write": "ckpt/attempt", "text": "{next_attempt}", "when_attempt": [0]},
+        {"report": {"step": 0}, "checkpoint": "ckpt", "when_attempt": [0]},
+        {"tensor_load": "ckpt/model.safetensors", "when_attempt": [0]},
+        {"tensor_load": "model.safetensors", "from_checkpoint": true, "when_attempt": [1]},
+    ]);
+    let first = run(1, steps.clone());
+    first.assert_ok();
+    let out = first.stdout(0);
+    assert_eq!(out[..2], ["tensor_save: ok", "report ok"]);
+    let loaded = out[2..].to_vec();
+    assert!(
+        loaded.len() == 2
+            && loaded[0].starts_with("tensor_load: b [5] ")
+            && loaded[1].starts_with("tensor_load: w [3, 5] "),
+        "{loaded:?}"
+    );
+    // The committed file is a safetensors file as the crate reads it, and
+    // nothing was left beside it.
+    let dirs = checkpoint_dirs(&first.dir());
+    let ckpt = first.dir().join(&dirs[0]);
+    assert_eq!(files(&ckpt), ["attempt", "model.safetensors"]);
+    let bytes = std::fs::read(ckpt.join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(file.tensor("w").unwrap().shape(), [3, 5]);
+
+    // The run again, by name: the restored file gives the same tensors.
+    let (builder, unused, lines) = scripted(1, steps);
+    let builder = builder.run_config(RunConfig {
+        name: Some("t".into()),
+        storage_path: first.storage.path().display().to_string(),
+        ..Default::default()
+    });
+    let second = finish(builder, unused, lines);
+    second.assert_ok();
+    assert_eq!(second.stdout(0), loaded);
+}
+
+#[test]
+fn tensor_files_stay_in_the_sandbox_and_other_files_are_refused() {
+    let run = run(
+        1,
+        json!([
+            {"tensor_save": "/etc/model.safetensors"},
+            {"tensor_save": "../model.safetensors"},
+            {"tensor_save": "missing/model.safetensors"},
+            {"tensor_save": "/checkpoints/model.safetensors"},
+            {"tensor_load": "nothing.safetensors"},
+            {"write": "text.safetensors", "text": "no tensors here"},
+            {"tensor_load": "text.safetensors"},
+        ]),
+    );
+    run.assert_ok();
+    let out = run.stdout(0);
+    let expected = [
+        "outside the sandbox",
+        "contains '..'",
+        "\"missing/model.safetensors\" does not exist",
+        "is in a restored checkpoint, which is read-only",
+        "\"nothing.safetensors\" does not exist",
+        "\"text.safetensors\": not a safetensors file",
+    ];
+    assert_eq!(out.len(), expected.len(), "{out:?}");
+    for (line, fragment) in out.iter().zip(expected) {
+        assert!(
+            line.starts_with("tensor error: ") && line.contains(fragment),
+            "{line:?} should say {fragment:?}"
+        );
+    }
+}
+
+#[test]
+fn a_forged_or_stale_handle_stops_the_rank_and_another_ranks_handles_name_nothing() {
+    let stale = run(1, json!([{"tensor_stale_handle": true}]));
+    // Rank 0 holds tensors; rank 1, holding none, names the number of one:
+    // in rank 1's own table it is another resource, or nothing.
+    let foreign = run(
+        2,
+        json!([
+            {"tensor_hold_mb": 1, "count": 3, "ranks": [0]},
+            {"barrier": true},
+            {"tensor_forged_handle": 2, "ranks": [1]},
+            {"barrier": true},
+        ]),
+    );
+    for run in [stale, foreign] {
+        let e = run.result.error.clone().expect("the run fails");
+        assert_eq!(e.kind, FailureKind::Trap, "{e}");
+        let message = e.to_string();
+        assert!(
+            message.contains("unknown handle index")
+                || message.contains("used with the wrong type"),
+            "{e}"
+        );
+    }
+}

@@ -13,13 +13,33 @@
 //! - `{"tensor_all_reduce": N, "op": OP}`: the all-reduce of the
 //!   collective steps' f32 input, as a host tensor; prints the same line
 //!   (`all_reduce: N FNV`)
+//! - `{"tensor_all_reduce_list": [N1, N2, ..], "op": OP}`: the same input,
+//!   of N1 + N2 + .. values, cut into tensors of those sizes and reduced
+//!   with one `all-reduce-list`; prints the same line for the whole
+//! - `{"tensor_all_reduce_twice": true}`: one tensor listed twice
+//! - `{"tensor_broadcast": N, "root": R}`: a tensor of N values (the
+//!   all-reduce input of this rank) replaced by the root's; prints
+//!   `tensor_broadcast: FNV`
+//! - `{"tensor_save": PATH, "seed": S}`: saves `w` (`[3, 5]`, seed S) and
+//!   `b` (`[5]`, seed S + 1) as safetensors; prints `tensor_save: ok`
+//! - `{"tensor_load": PATH, "from_checkpoint": BOOL}`: loads PATH (below
+//!   the restored checkpoint with `from_checkpoint`); prints
+//!   `tensor_load: NAME SHAPE FNV` per tensor
+//! - `{"tensor_adam": true}`: one Adam step of `[1, 1, 1]` along `[1e-3,
+//!   -5, 200]` with lr 0.01; prints `tensor_adam: [P0, P1, P2]`, then
+//!   the error of a raw call passing the same tensor as param and `m`
+//! - `{"tensor_forged_handle": H}`: scales the tensor whose handle is the
+//!   number H, whichever that is; `{"tensor_stale_handle": true}`: scales
+//!   a tensor through its handle after dropping it
 //!
 //! A refused call prints `tensor error: ...` and the script goes on.
 
 use std::cell::RefCell;
 
 use serde_json::{Map, Value};
-use trainhost_guest::tensor::{Tensor, TensorError};
+use trainhost_guest::collective::Op;
+use trainhost_guest::tensor::{self, Tensor, TensorError};
+use trainhost_guest::wit::trainhost::train::tensors as wit;
 
 thread_local! {
     /// The tensors `tensor_hold_mb` keeps.
@@ -74,6 +94,70 @@ pub fn run(step: &Map<String, Value>, rank: u32) -> Result<bool, String> {
             }
             Err(e) => println!("collective error: {e}"),
         })
+    } else if let Some(sizes) = dims(step, "tensor_all_reduce_list") {
+        let op = crate::collective::op(step.get("op").and_then(Value::as_str).unwrap_or("sum"))?;
+        all_reduce_list(&sizes, rank, op)
+    } else if step.contains_key("tensor_all_reduce_twice") {
+        // The raw call: the SDK's `&mut` cannot list a tensor twice.
+        wit::Tensor::zeros(&[4])
+            .map(|t| {
+                let refused = wit::all_reduce_list(&[&t, &t], Op::Sum.into());
+                println!("collective error: {refused:?}");
+            })
+            .map_err(TensorError::from)
+    } else if let Some(n) = step.get("tensor_broadcast").and_then(Value::as_u64) {
+        let root = step.get("root").and_then(Value::as_u64).unwrap_or(0) as u32;
+        let values: Vec<f32> = (0..n as usize)
+            .map(|i| crate::collective::value(rank, i) as f32)
+            .collect();
+        Tensor::from_slice(&[n as u32], &values).map(|mut t| match t.broadcast(root) {
+            Ok(()) => println!("tensor_broadcast: {:016x}", fnv_of(&t.to_vec())),
+            Err(e) => println!("collective error: {e}"),
+        })
+    } else if let Some(path) = step.get("tensor_save").and_then(Value::as_str) {
+        let seed = step.get("seed").and_then(Value::as_u64).unwrap_or(0);
+        Tensor::uniform(&[3, 5], -1.0, 1.0, seed).and_then(|w| {
+            let b = Tensor::uniform(&[5], -1.0, 1.0, seed + 1)?;
+            tensor::save(path, &[("w", &w), ("b", &b)])?;
+            println!("tensor_save: ok");
+            Ok(())
+        })
+    } else if let Some(path) = step.get("tensor_load").and_then(Value::as_str) {
+        let path = match step.get("from_checkpoint").and_then(Value::as_bool) {
+            Some(true) => match trainhost_guest::get_checkpoint() {
+                Some(c) => c.path().join(path),
+                None => return Err("tensor_load from_checkpoint: no checkpoint".into()),
+            },
+            _ => path.into(),
+        };
+        tensor::load(path).map(|tensors| {
+            for (name, t) in tensors {
+                println!(
+                    "tensor_load: {name} {:?} {:016x}",
+                    t.shape(),
+                    fnv_of(&t.to_vec())
+                );
+            }
+        })
+    } else if step.contains_key("tensor_adam") {
+        adam()
+    } else if let Some(h) = step.get("tensor_forged_handle").and_then(Value::as_u64) {
+        // SAFETY: a handle number the guest makes up; the host decides.
+        let forged = unsafe { wit::Tensor::from_handle(h as u32) };
+        wit::scale(&forged, 2.0);
+        std::mem::forget(forged);
+        Ok(())
+    } else if step.contains_key("tensor_stale_handle") {
+        wit::Tensor::zeros(&[4])
+            .map(|t| {
+                let handle = t.handle();
+                drop(t);
+                // SAFETY: as above: the number of a tensor dropped already.
+                let stale = unsafe { wit::Tensor::from_handle(handle) };
+                wit::scale(&stale, 2.0);
+                std::mem::forget(stale);
+            })
+            .map_err(TensorError::from)
     } else {
         return Ok(false);
     };
@@ -107,4 +191,43 @@ fn bad_shape() -> Result<(), TensorError> {
     let refused = c.gemm(1.0, &a, false, &a, false, 0.0);
     println!("tensor unchanged: {}", c.to_vec() == [7.0; 4]);
     refused
+}
+
+fn fnv_of(values: &[f32]) -> u64 {
+    let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    crate::fnv(&bytes)
+}
+
+fn all_reduce_list(sizes: &[u32], rank: u32, op: Op) -> Result<(), TensorError> {
+    let total: usize = sizes.iter().map(|&n| n as usize).sum();
+    let values: Vec<f32> = (0..total)
+        .map(|i| crate::collective::value(rank, i) as f32 / 7.0 - 60.0)
+        .collect();
+    let mut tensors = Vec::new();
+    let mut rest = &values[..];
+    for &n in sizes {
+        tensors.push(Tensor::from_slice(&[n], &rest[..n as usize])?);
+        rest = &rest[n as usize..];
+    }
+    let mut refs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+    match tensor::all_reduce(&mut refs, op) {
+        Ok(()) => {
+            let all: Vec<f32> = tensors.iter().flat_map(Tensor::to_vec).collect();
+            println!("all_reduce: {total} {:016x}", fnv_of(&all));
+        }
+        Err(e) => println!("collective error: {e}"),
+    }
+    Ok(())
+}
+
+fn adam() -> Result<(), TensorError> {
+    let mut p = Tensor::from_slice(&[3], &[1.0; 3])?;
+    let (mut m, mut v) = (Tensor::zeros(&[3])?, Tensor::zeros(&[3])?);
+    let g = Tensor::from_slice(&[3], &[1e-3, -5.0, 200.0])?;
+    p.adam(&mut m, &mut v, &g, tensor::AdamStep::new(0.01, 1))?;
+    let shown: Vec<String> = p.to_vec().iter().map(|x| format!("{x:.4}")).collect();
+    println!("tensor_adam: [{}]", shown.join(", "));
+    let raw = wit::Tensor::zeros(&[3])?;
+    let aliased = wit::adam(&raw, &raw, &raw, &raw, tensor::AdamStep::new(0.01, 1));
+    Err(aliased.expect_err("the host refuses aliases").into())
 }

@@ -1,0 +1,124 @@
+//! The collectives on host tensors (`tensors.all-reduce`,
+//! `all-reduce-list`, `broadcast`): the values go from the tensors to the
+//! attempt's exchange and back without crossing into the guest, matched
+//! with the list collectives of `collective.rs` (an all-reduce of a tensor
+//! is an all-reduce of as many f32).
+
+use wasmtime::component::Resource;
+
+use super::bindings::trainhost::train::collective::{CollectiveError, ReduceOp};
+use super::rank::RankState;
+use crate::collective::{Call, Delivered, Values};
+use crate::tensor::Tensor;
+
+type Answer = wasmtime::Result<Result<(), CollectiveError>>;
+
+impl RankState {
+    /// One all-reduce of the values of `ts`, one after the other. One
+    /// tensor's values are moved to the exchange and come back combined in
+    /// the same buffer (R33); several are gathered into one buffer first.
+    /// On an error every tensor holds zeros.
+    pub(super) async fn all_reduce_tensors(
+        &mut self,
+        ts: &[Resource<Tensor>],
+        o: ReduceOp,
+    ) -> Answer {
+        let mut reps: Vec<u32> = ts.iter().map(Resource::rep).collect();
+        reps.sort_unstable();
+        if reps.windows(2).any(|w| w[0] == w[1]) {
+            // Its values would be taken twice; refusing it on this rank
+            // alone would leave the others waiting in the call, so the
+            // rank stops and the run fails.
+            return Err(wasmtime::Error::msg(
+                "tensors.all-reduce-list: the same tensor is in the list twice; list each tensor once",
+            ));
+        }
+        let values = match ts {
+            [one] => self.table.get_mut(one)?.take_values(),
+            _ => {
+                let total = ts
+                    .iter()
+                    .map(|t| Ok(self.table.get(t)?.values().len()))
+                    .sum::<wasmtime::Result<usize>>()?;
+                let mut all = Vec::with_capacity(total);
+                for t in ts {
+                    all.extend_from_slice(&self.table.get_mut(t)?.take_values());
+                }
+                all
+            }
+        };
+        let call = Call::AllReduce {
+            values: Values::F32(values),
+            op: super::collective::op(o),
+        };
+        let answer = self
+            .collective(call, |d| match d {
+                Delivered::Values(Values::F32(v)) => Some(v),
+                _ => None,
+            })
+            .await;
+        match answer {
+            Ok(Ok(combined)) => {
+                if let [one] = ts {
+                    self.table.get_mut(one)?.put_values(combined)?;
+                } else {
+                    let mut rest = &combined[..];
+                    for t in ts {
+                        let tensor = self.table.get_mut(t)?;
+                        let n = tensor.len();
+                        tensor.put_values(rest[..n].to_vec())?;
+                        rest = &rest[n..];
+                    }
+                }
+                Ok(Ok(()))
+            }
+            other => {
+                for t in ts {
+                    self.table.get_mut(t)?.refill_zeros();
+                }
+                other.map(|r| r.map(drop))
+            }
+        }
+    }
+
+    /// Replace the values of `t` with those of rank `root`'s tensor. Only
+    /// the root sends its values; a rank whose tensor is not of their
+    /// size stops, failing the run (the others have taken the values).
+    pub(super) async fn broadcast_tensor(&mut self, t: &Resource<Tensor>, root: u32) -> Answer {
+        let data = if self.info.world_rank == root {
+            let values = self.table.get(t)?.values();
+            values.iter().flat_map(|v| v.to_le_bytes()).collect()
+        } else {
+            Vec::new()
+        };
+        let answer = self
+            .collective(Call::Broadcast { data, root }, |d| match d {
+                Delivered::Bytes(b) => Some(b),
+                _ => None,
+            })
+            .await;
+        let bytes = match answer {
+            Ok(Ok(bytes)) => bytes,
+            other => return other.map(|r| r.map(drop)),
+        };
+        if self.info.world_rank == root {
+            return Ok(Ok(()));
+        }
+        let tensor = self.table.get_mut(t)?;
+        if bytes.len() as u64 != tensor.bytes() {
+            self.told_to_stop = true;
+            return Err(wasmtime::Error::msg(format!(
+                "tensors.broadcast: rank {root} sent {} values, but this rank's tensor of shape {:?} holds {}; broadcast into a tensor of the root's size on every rank",
+                bytes.len() / 4,
+                tensor.shape(),
+                tensor.bytes() / 4
+            )));
+        }
+        let values = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        tensor.put_values(values)?;
+        Ok(Ok(()))
+    }
+}
