@@ -10,6 +10,15 @@ use crate::persist::{capture, merge, persist};
 use crate::runtime::CompileCache;
 use crate::storage::Storage;
 
+/// The kernels of the `tensors` interface, to time the guest's calls of
+/// them against the same maths called natively.
+pub mod tensor {
+    pub use crate::tensor::{
+        Activation, Tensor, TensorError, activate, activate_backward, add_row, gemm, scale,
+        sgd_momentum, softmax_cross_entropy, sum_rows, threads_per_rank,
+    };
+}
+
 /// How durable [`persist_directory`] leaves the files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {

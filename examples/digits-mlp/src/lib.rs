@@ -33,23 +33,23 @@
 //! recovery), `kernels` (false: with true, the forward and backward passes
 //! and the SGD step run as host kernels on host tensors, `host.rs`, whose
 //! gradients are all-reduced and whose checkpoints are written and read
-//! in the host; same model, same data, same files).
+//! in the host; same model, same data, same files), `bench_steps` (none:
+//! time that many training steps on the first batch and report
+//! `step_seconds` instead of training).
 
+mod checkpoint;
 mod data;
 mod host;
 mod model;
 
-use std::collections::HashMap;
 use std::error::Error;
-use std::fs;
-use std::path::Path;
 use std::time::Instant;
 
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use trainhost_guest::collective::{self, Op};
 use trainhost_guest::{Checkpoint, Metrics};
 
+use checkpoint::{State, read_state, read_tensors, save, write_tensors};
 use data::Set;
 use host::HostModel;
 use model::{Layout, Tally};
@@ -67,6 +67,7 @@ struct Config {
     validation_per_mille: usize,
     fail_at_epoch: Option<u32>,
     kernels: bool,
+    bench_steps: Option<usize>,
 }
 
 impl Default for Config {
@@ -82,16 +83,9 @@ impl Default for Config {
             validation_per_mille: 200,
             fail_at_epoch: None,
             kernels: false,
+            bench_steps: None,
         }
     }
-}
-
-/// What a checkpoint says besides the tensors.
-#[derive(Serialize, Deserialize)]
-struct State {
-    epoch: u32,
-    hidden: usize,
-    world_size: u32,
 }
 
 fn train(config: Config) -> Result<(), Box<dyn Error>> {
@@ -122,7 +116,7 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
     let resumed = start > 0;
     // With `kernels`, the model lives in host tensors, and the host reads
     // and writes its checkpoints (the same files either way).
-    let (mut on_host, mut params, mut velocity) = match (&checkpoint, config.kernels) {
+    let (mut on_host, params, velocity) = match (&checkpoint, config.kernels) {
         (Some(c), true) => (Some(HostModel::load(c.path(), &layout)?), vec![], vec![]),
         (Some(c), false) => {
             let dir = c.path();
@@ -142,8 +136,22 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
             }
         }
     };
-    let mut grad = vec![0.0f32; layout.len()];
-    let mut hidden = Vec::with_capacity(config.hidden);
+    let mut in_guest = InGuest {
+        params,
+        velocity,
+        grad: vec![0.0f32; layout.len()],
+        hidden: Vec::with_capacity(config.hidden),
+    };
+    if let Some(steps) = config.bench_steps {
+        return bench(
+            &mut on_host,
+            &mut in_guest,
+            &layout,
+            &train_set,
+            &config,
+            steps,
+        );
+    }
 
     for epoch in start..config.num_epochs {
         if config.fail_at_epoch == Some(epoch) && !resumed && rank + 1 == world {
@@ -156,56 +164,26 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
         );
         let mut mine = Tally::default();
         for batch in order.chunks(config.batch_size) {
-            if let Some(model) = &mut on_host {
-                let share: Vec<usize> = batch.iter().copied().skip(rank).step_by(world).collect();
-                if share.is_empty() {
-                    model.zero_gradients();
-                } else {
-                    let t = model.pass(&train_set, &share, true)?;
-                    mine.loss += t.loss;
-                    mine.correct += t.correct;
-                }
-                model.all_reduce_gradients()?;
-                let scale = 1.0 / batch.len() as f32;
-                model.step(scale, config.lr, config.momentum)?;
-                continue;
-            }
-            grad.fill(0.0);
-            // This rank's share of the global batch.
-            for &i in batch.iter().skip(rank).step_by(world) {
-                let t = model::sample(
-                    &layout,
-                    &params,
-                    &train_set.images[i],
-                    train_set.labels[i],
-                    Some(&mut grad),
-                    &mut hidden,
-                );
-                mine.loss += t.loss;
-                mine.correct += t.correct;
-            }
-            // Sum of every rank's gradient sums, the same bits on every
-            // rank: every rank takes the same step.
-            collective::all_reduce(&mut grad, Op::Sum)?;
-            let scale = 1.0 / batch.len() as f32;
-            for ((p, v), g) in params.iter_mut().zip(&mut velocity).zip(&grad) {
-                *v = config.momentum * *v + g * scale;
-                *p -= config.lr * *v;
-            }
+            let t = match &mut on_host {
+                Some(model) => host_step(model, &train_set, batch, &config)?,
+                None => guest_step(&mut in_guest, &layout, &train_set, batch, &config)?,
+            };
+            mine.loss += t.loss;
+            mine.correct += t.correct;
         }
         let seconds = started.elapsed().as_secs_f64();
         let val = match &mut on_host {
             Some(model) => {
-                params = model.parameters();
+                in_guest.params = model.parameters();
                 let share: Vec<usize> = (rank..validation.len()).step_by(world).collect();
                 model.pass(&validation, &share, false)?
             }
-            None => evaluate(&layout, &params, &validation, rank, world, &mut hidden),
+            None => evaluate(&layout, &mut in_guest, &validation, rank, world),
         };
         let mut totals = [mine.loss, mine.correct as f64, val.loss, val.correct as f64];
         collective::all_reduce(&mut totals, Op::Sum)?;
         let [train_loss, train_correct, val_loss, val_correct] = totals;
-        check_in_sync(&params, epoch)?;
+        check_in_sync(&in_guest.params, epoch)?;
 
         let n = train_set.len() as f64;
         let v = validation.len() as f64;
@@ -240,8 +218,9 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
             Ok(Some(save(&dir, &state, |dir| match &on_host {
                 Some(model) => Ok(model.save(dir)?),
                 None => {
-                    write_tensors(&dir.join("model.safetensors"), &layout, &params)?;
-                    write_tensors(&dir.join("optimizer.safetensors"), &layout, &velocity)
+                    let m = &in_guest;
+                    write_tensors(&dir.join("model.safetensors"), &layout, &m.params)?;
+                    write_tensors(&dir.join("optimizer.safetensors"), &layout, &m.velocity)
                 }
             })?))
         };
@@ -263,19 +242,120 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
 
 trainhost_guest::entry!(train);
 
+/// The model in the guest's own memory (without `kernels`): parameters,
+/// momentum, and the scratch space of a step.
+struct InGuest {
+    params: Vec<f32>,
+    velocity: Vec<f32>,
+    grad: Vec<f32>,
+    hidden: Vec<f32>,
+}
+
+/// This rank's share of `batch` (every `world_size`-th image from the
+/// rank's own on), its gradient sums all-reduced, and one SGD step with
+/// momentum along their mean: the same step on every rank.
+fn guest_step(
+    m: &mut InGuest,
+    layout: &Layout,
+    set: &Set,
+    batch: &[usize],
+    config: &Config,
+) -> Result<Tally, Box<dyn Error>> {
+    let (rank, world) = rank_and_world();
+    let mut mine = Tally::default();
+    m.grad.fill(0.0);
+    for &i in batch.iter().skip(rank).step_by(world) {
+        let (image, label) = (&set.images[i], set.labels[i]);
+        let t = model::sample(
+            layout,
+            &m.params,
+            image,
+            label,
+            Some(&mut m.grad),
+            &mut m.hidden,
+        );
+        mine.loss += t.loss;
+        mine.correct += t.correct;
+    }
+    // Sum of every rank's gradient sums, the same bits on every rank.
+    collective::all_reduce(&mut m.grad, Op::Sum)?;
+    let scale = 1.0 / batch.len() as f32;
+    for ((p, v), g) in m.params.iter_mut().zip(&mut m.velocity).zip(&m.grad) {
+        *v = config.momentum * *v + g * scale;
+        *p -= config.lr * *v;
+    }
+    Ok(mine)
+}
+
+/// [`guest_step`] on host kernels.
+fn host_step(
+    model: &mut HostModel,
+    set: &Set,
+    batch: &[usize],
+    config: &Config,
+) -> Result<Tally, Box<dyn Error>> {
+    let (rank, world) = rank_and_world();
+    let share: Vec<usize> = batch.iter().copied().skip(rank).step_by(world).collect();
+    let mine = if share.is_empty() {
+        model.zero_gradients();
+        Tally::default()
+    } else {
+        model.pass(set, &share, true)?
+    };
+    model.all_reduce_gradients()?;
+    model.step(1.0 / batch.len() as f32, config.lr, config.momentum)?;
+    Ok(mine)
+}
+
+fn rank_and_world() -> (usize, usize) {
+    (
+        trainhost_guest::world_rank() as usize,
+        trainhost_guest::world_size() as usize,
+    )
+}
+
+/// Time `steps` training steps on the first `batch_size` images (after
+/// one untimed step, which allocates what the others reuse) and report
+/// the seconds per step: what the benchmarks compare with the same step
+/// run natively.
+fn bench(
+    on_host: &mut Option<HostModel>,
+    in_guest: &mut InGuest,
+    layout: &Layout,
+    set: &Set,
+    config: &Config,
+    steps: usize,
+) -> Result<(), Box<dyn Error>> {
+    let batch: Vec<usize> = (0..config.batch_size.min(set.len())).collect();
+    let mut step = || -> Result<Tally, Box<dyn Error>> {
+        match on_host {
+            Some(model) => host_step(model, set, &batch, config),
+            None => guest_step(in_guest, layout, set, &batch, config),
+        }
+    };
+    step()?;
+    let started = Instant::now();
+    for _ in 0..steps {
+        step()?;
+    }
+    let per_step = started.elapsed().as_secs_f64() / steps.max(1) as f64;
+    trainhost_guest::report(Metrics::new().with("step_seconds", per_step), None)?;
+    Ok(())
+}
+
 /// This rank's share of the validation set's loss and correct predictions;
 /// the ranks' shares are summed by the caller.
-fn evaluate(
-    layout: &Layout,
-    params: &[f32],
-    set: &Set,
-    rank: usize,
-    world: usize,
-    hidden: &mut Vec<f32>,
-) -> Tally {
+fn evaluate(layout: &Layout, m: &mut InGuest, set: &Set, rank: usize, world: usize) -> Tally {
     let mut tally = Tally::default();
     for i in (rank..set.len()).step_by(world) {
-        let t = model::sample(layout, params, &set.images[i], set.labels[i], None, hidden);
+        let t = model::sample(
+            layout,
+            &m.params,
+            &set.images[i],
+            set.labels[i],
+            None,
+            &mut m.hidden,
+        );
         tally.loss += t.loss;
         tally.correct += t.correct;
     }
@@ -293,69 +373,4 @@ fn check_in_sync(params: &[f32], epoch: u32) -> Result<(), Box<dyn Error>> {
         return Err(format!("the ranks' parameters differ after epoch {epoch}").into());
     }
     Ok(())
-}
-
-/// Write the model and the optimizer's momentum (with `tensors`) and
-/// `state` into `dir`.
-fn save(
-    dir: &Path,
-    state: &State,
-    tensors: impl FnOnce(&Path) -> Result<(), Box<dyn Error>>,
-) -> Result<Checkpoint, Box<dyn Error>> {
-    let _ = fs::remove_dir_all(dir);
-    fs::create_dir_all(dir)?;
-    tensors(dir)?;
-    fs::write(dir.join("state.json"), serde_json::to_vec(state)?)?;
-    Ok(Checkpoint::from_directory(dir))
-}
-
-fn write_tensors(path: &Path, layout: &Layout, flat: &[f32]) -> Result<(), Box<dyn Error>> {
-    let bytes: Vec<u8> = flat.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let views = layout
-        .tensors()
-        .into_iter()
-        .map(|(name, offset, shape)| {
-            let n: usize = shape.iter().product();
-            let view = TensorView::new(Dtype::F32, shape, &bytes[offset * 4..(offset + n) * 4])?;
-            Ok((name.to_owned(), view))
-        })
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    fs::write(
-        path,
-        safetensors::serialize(views, None::<HashMap<String, String>>)?,
-    )?;
-    Ok(())
-}
-
-/// The state of a checkpoint `save` wrote, checked against the config.
-fn read_state(dir: &Path, layout: &Layout) -> Result<State, Box<dyn Error>> {
-    let state: State = serde_json::from_slice(&fs::read(dir.join("state.json"))?)?;
-    if state.hidden != layout.hidden {
-        return Err(format!(
-            "the checkpoint has {} hidden units and the config asks for {}; resume with \"hidden\": {}",
-            state.hidden, layout.hidden, state.hidden
-        )
-        .into());
-    }
-    Ok(state)
-}
-
-fn read_tensors(path: &Path, layout: &Layout) -> Result<Vec<f32>, Box<dyn Error>> {
-    let bytes = fs::read(path)?;
-    let tensors = SafeTensors::deserialize(&bytes)?;
-    let mut flat = vec![0.0f32; layout.len()];
-    for (name, offset, shape) in layout.tensors() {
-        let view = tensors.tensor(name)?;
-        if view.dtype() != Dtype::F32 || view.shape() != shape.as_slice() {
-            return Err(format!(
-                "{}: tensor {name} is not f32 of shape {shape:?}",
-                path.display()
-            )
-            .into());
-        }
-        for (v, c) in flat[offset..].iter_mut().zip(view.data().chunks_exact(4)) {
-            *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-    }
-    Ok(flat)
 }

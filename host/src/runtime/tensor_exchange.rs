@@ -65,7 +65,7 @@ impl RankState {
                     let mut rest = &combined[..];
                     for t in ts {
                         let tensor = self.table.get_mut(t)?;
-                        let n = tensor.len();
+                        let n = tensor.value_count();
                         tensor.put_values(rest[..n].to_vec())?;
                         rest = &rest[n..];
                     }

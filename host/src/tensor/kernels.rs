@@ -4,22 +4,29 @@
 
 use super::{Tensor, TensorError, same_shape};
 
-/// Work between two asks of the stop callback in [`gemm`]: about two
-/// milliseconds on one core (2 flops a multiply-add, ~100 GFLOP/s here).
-const FLOPS_PER_BLOCK: usize = 200_000_000;
+/// Work between two asks of the stop callback in [`gemm`], per thread:
+/// about ten milliseconds on one core (2 flops a multiply-add, ~100
+/// GFLOP/s here). Each block packs its operands again, so smaller blocks
+/// cost speed: at a fifth of this a 1024³ GEMM took 12% longer than the
+/// gemm crate's own single call.
+const FLOPS_PER_BLOCK: usize = 1_000_000_000;
 /// The fewest rows and columns of `c` a block of [`gemm`] computes:
 /// thinner blocks would read all of `b` for a few rows (a GEMV, bound by
 /// memory, not arithmetic). With an enormous inner size a block can take
-/// longer than [`FLOPS_PER_BLOCK`]: 256 × 256 outputs of 8192 products
-/// each are about 10 ms.
+/// longer than [`FLOPS_PER_BLOCK`]: 256 × 256 outputs of 32768 products
+/// each are about 40 ms.
 const MIN_BLOCK: usize = 256;
 
 /// An element-wise function whose derivative is a function of its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Activation {
+pub enum Activation {
+    /// max(x, 0).
     Relu,
+    /// The hyperbolic tangent.
     Tanh,
+    /// 1 / (1 + e^-x).
     Sigmoid,
+    /// e^x.
     Exp,
 }
 
@@ -28,7 +35,7 @@ pub(crate) enum Activation {
 /// many a size is worth). Asks `stop` between blocks of `c`; when it says
 /// so, returns [`TensorError::Stopped`] with `c` partly computed.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
+pub fn gemm(
     c: &mut Tensor,
     alpha: f32,
     a: &Tensor,
@@ -104,26 +111,29 @@ pub(crate) fn gemm(
 
 /// The rows and columns of c one block of an `m × k × n` GEMM on
 /// `threads` threads computes: all of it when that is little work, else
-/// blocks of about [`FLOPS_PER_BLOCK`] per thread (the same time between
-/// two asks of the stop callback), never thinner than [`MIN_BLOCK`].
+/// blocks of at most about [`FLOPS_PER_BLOCK`] per thread (the same time
+/// between two asks of the stop callback). Whole rows when at least
+/// [`MIN_BLOCK`] of them fit, in blocks of equal height (each block reads
+/// `b` whole and its rows of `a` once); else [`MIN_BLOCK`] rows and as
+/// many columns as fit, never fewer than [`MIN_BLOCK`].
 fn block(m: usize, k: usize, n: usize, threads: usize) -> (usize, usize) {
     let per_output = 2 * k.max(1);
     let flops = FLOPS_PER_BLOCK * threads;
     if m * n * per_output <= flops {
         return (m, n);
     }
+    let rows_fitting = flops / (n * per_output);
+    if rows_fitting >= MIN_BLOCK.min(m) {
+        let blocks = m.div_ceil(rows_fitting.max(1));
+        return (m.div_ceil(blocks), n);
+    }
     let rows = MIN_BLOCK.min(m);
     let cols = (flops / (rows * per_output)).clamp(MIN_BLOCK.min(n), n);
-    if cols < n {
-        return (rows, cols);
-    }
-    // Whole rows fit a block: as many as make one.
-    let rows = (flops / (n * per_output)).clamp(MIN_BLOCK.min(m), m);
-    (rows, n)
+    (rows, cols)
 }
 
 /// `y = y + alpha * x`.
-pub(crate) fn axpy(y: &mut Tensor, alpha: f32, x: &Tensor) -> Result<(), TensorError> {
+pub fn axpy(y: &mut Tensor, alpha: f32, x: &Tensor) -> Result<(), TensorError> {
     same_shape("y", y, "x", x)?;
     for (y, x) in y.data.iter_mut().zip(&x.data) {
         *y += alpha * x;
@@ -132,12 +142,12 @@ pub(crate) fn axpy(y: &mut Tensor, alpha: f32, x: &Tensor) -> Result<(), TensorE
 }
 
 /// `x = alpha * x`.
-pub(crate) fn scale(x: &mut Tensor, alpha: f32) {
+pub fn scale(x: &mut Tensor, alpha: f32) {
     x.data.iter_mut().for_each(|v| *v *= alpha);
 }
 
 /// Add `row` to every row of `x`.
-pub(crate) fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
+pub fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
     let (_, cols) = x.matrix("x")?;
     if row.shape != [cols] {
         return Err(TensorError::Shape(format!(
@@ -154,7 +164,7 @@ pub(crate) fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
 }
 
 /// `out = beta * out + the sum of x's rows`.
-pub(crate) fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), TensorError> {
+pub fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), TensorError> {
     let (_, cols) = x.matrix("x")?;
     if out.shape != [cols] {
         return Err(TensorError::Shape(format!(
@@ -172,7 +182,7 @@ pub(crate) fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), Te
 }
 
 /// `x = f(x)`.
-pub(crate) fn activate(x: &mut Tensor, f: Activation) {
+pub fn activate(x: &mut Tensor, f: Activation) {
     let apply: fn(f32) -> f32 = match f {
         Activation::Relu => |v| v.max(0.0),
         Activation::Tanh => f32::tanh,
@@ -183,7 +193,7 @@ pub(crate) fn activate(x: &mut Tensor, f: Activation) {
 }
 
 /// `grad = grad * f'`, with `f'` from `output = f(input)`.
-pub(crate) fn activate_backward(
+pub fn activate_backward(
     grad: &mut Tensor,
     output: &Tensor,
     f: Activation,
@@ -204,7 +214,7 @@ pub(crate) fn activate_backward(
 /// Softmax cross-entropy of `logits` against `labels`: the summed loss,
 /// the rows whose largest logit is their label, and in `grad` the
 /// gradient of the summed loss times `grad_scale`.
-pub(crate) fn softmax_cross_entropy(
+pub fn softmax_cross_entropy(
     logits: &Tensor,
     labels: &[u32],
     grad: &mut Tensor,
@@ -259,7 +269,7 @@ pub(crate) fn softmax_cross_entropy(
 
 /// SGD with momentum: `velocity = momentum * velocity + grad`, `param =
 /// param - lr * velocity`.
-pub(crate) fn sgd_momentum(
+pub fn sgd_momentum(
     param: &mut Tensor,
     velocity: &mut Tensor,
     grad: &Tensor,
@@ -282,7 +292,7 @@ pub(crate) fn sgd_momentum(
 
 /// Adam's hyperparameters for one step; `step` counts from 1.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct AdamStep {
+pub struct AdamStep {
     pub lr: f32,
     pub beta1: f32,
     pub beta2: f32,
@@ -295,7 +305,7 @@ pub(crate) struct AdamStep {
 /// bias-corrected moments `m' = m / (1 - beta1^step)`, `v' = v / (1 -
 /// beta2^step)`: Kingma and Ba's algorithm 1, as PyTorch and burn compute
 /// it.
-pub(crate) fn adam(
+pub fn adam(
     param: &mut Tensor,
     m: &mut Tensor,
     v: &mut Tensor,

@@ -81,7 +81,11 @@ fn gemm_refuses_shapes_that_do_not_fit_and_changes_nothing() {
 fn blocks_hold_about_the_same_work_and_are_never_thin() {
     assert_eq!(block(10, 10, 10, 1), (10, 10), "little work: one block");
     let (r, c) = block(2048, 512, 512, 1);
-    assert_eq!(c, 512, "whole rows");
+    assert_eq!(
+        (r, c),
+        (1024, 512),
+        "whole rows, two blocks of equal height"
+    );
     assert!(
         r >= MIN_BLOCK && 2 * r * 512 * 512 <= FLOPS_PER_BLOCK + 2 * 512 * 512,
         "{r}"
@@ -103,8 +107,9 @@ fn blocks_hold_about_the_same_work_and_are_never_thin() {
 #[test]
 fn a_blocked_gemm_equals_one_done_whole() {
     // Enough work for several blocks in both directions, odd sizes.
-    let (m, k, n) = (700, 300, 1100);
-    assert!(block(m, k, n, 1) != (m, n));
+    let (m, k, n) = (700, 2000, 1100);
+    let (rows, cols) = block(m, k, n, 1);
+    assert!(rows < m && cols < n, "{rows} {cols}");
     let (a, b) = (t(&[m as u32, k as u32], 1), t(&[k as u32, n as u32], 2));
     let mut blocked = t(&[m as u32, n as u32], 3);
     let mut whole = blocked.clone();
@@ -170,9 +175,9 @@ fn threads_share_the_work_and_change_only_the_rounding() {
 
 #[test]
 fn a_long_gemm_stops_between_blocks_when_asked() {
-    // 2048 rows of 512 × 512: ~1 GFLOP, about ten blocks.
-    let (a, b) = (t(&[2048, 512], 1), t(&[512, 512], 2));
-    let mut c = Tensor::zeros(&[2048, 512]).unwrap();
+    // 8192 rows of 512 × 512: ~4 GFLOP, five blocks.
+    let (a, b) = (t(&[8192, 512], 1), t(&[512, 512], 2));
+    let mut c = Tensor::zeros(&[8192, 512]).unwrap();
     let asked = std::cell::Cell::new(0);
     let stop = || {
         asked.set(asked.get() + 1);

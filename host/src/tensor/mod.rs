@@ -12,7 +12,7 @@ pub(crate) mod file;
 mod kernels;
 mod random;
 
-pub(crate) use kernels::{
+pub use kernels::{
     Activation, AdamStep, activate, activate_backward, adam, add_row, axpy, gemm, scale,
     sgd_momentum, softmax_cross_entropy, sum_rows,
 };
@@ -21,16 +21,18 @@ pub(crate) use kernels::{
 /// use: an equal share of the cores this process may run on (its CPU
 /// affinity and cgroup quota), at least one. Ranks computing at once then
 /// never ask for more threads than there are cores.
-pub(crate) fn threads_per_rank(local_ranks: u32) -> usize {
+pub fn threads_per_rank(local_ranks: u32) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / local_ranks.max(1) as usize).max(1)
 }
 
 /// Why a kernel refused a call.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub(crate) enum TensorError {
+pub enum TensorError {
+    /// The shapes do not fit the kernel, or the data does not fill them.
     #[error("{0}")]
     Shape(String),
+    /// Another argument is out of range.
     #[error("{0}")]
     Invalid(String),
     /// The stop callback said so, between two blocks of work: the result
@@ -104,7 +106,7 @@ impl Tensor {
 
     /// How many values the shape holds (also while an exchange holds
     /// them).
-    pub fn len(&self) -> usize {
+    pub fn value_count(&self) -> usize {
         self.shape.iter().product()
     }
 
@@ -113,10 +115,12 @@ impl Tensor {
         self.data.len() as u64 * 4
     }
 
+    /// The dimensions.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// The values, row-major.
     pub fn values(&self) -> &[f32] {
         &self.data
     }

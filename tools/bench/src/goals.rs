@@ -30,6 +30,12 @@ pub const SMALL_ALL_REDUCE_VS_REPORT: f64 = 10.0;
 /// Data-parallel samples per second with 2 ranks against 1 on 2 cores.
 pub const SCALING_2_RANKS: f64 = 1.8;
 
+/// A training step on host kernels in the default (interruptible) mode
+/// against the same kernel calls made natively.
+pub const KERNEL_STEP_VS_NATIVE: f64 = 1.1;
+/// A GEMM through `tensors.gemm` against the gemm crate called natively.
+pub const GEMM_VS_CRATE: f64 = 1.05;
+
 /// An all-reduce across 2 nodes against a bare `MPI_Allreduce` of the
 /// same bytes between the same processes: at least 0.8 × its bandwidth.
 pub const NODES_VS_MPI: f64 = 1.25;
@@ -55,7 +61,9 @@ pub fn describe() -> String {
          (< {} ×), data-parallel training ≥ {} × the samples/s with 2 ranks on 2 cores; \
          an all-reduce across 2 nodes ≥ {} × the bandwidth of a bare `MPI_Allreduce` \
          between the same processes, and 4 ranks in one trainhost ≤ {} × the time of \
-         `MPI_Allreduce` among 4 processes. \
+         `MPI_Allreduce` among 4 processes; a training step on host kernels ≤ {} × \
+         the same kernel calls made natively, a GEMM through them ≤ {} × the gemm crate \
+         called natively. \
          **met** is computed \
          against them; a row whose baseline is not the one a goal is stated against \
          is marked as a comparison and claims nothing.\n",
@@ -73,5 +81,7 @@ pub fn describe() -> String {
         SCALING_2_RANKS,
         1.0 / NODES_VS_MPI,
         IN_PROCESS_VS_MPI,
+        KERNEL_STEP_VS_NATIVE,
+        GEMM_VS_CRATE,
     )
 }

@@ -18,7 +18,9 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Parser;
 
-use groups::{blocked, burn, cli, collective, nodes, persist, ranks, report, restart, s3, sgd};
+use groups::{
+    blocked, burn, cli, collective, nodes, persist, ranks, report, restart, s3, sgd, tensors,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "Run trainhost's benchmarks, each against a baseline in the same run")]
@@ -31,8 +33,8 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
     /// Run only the groups whose names contain one of these words
-    /// (report, persist, blocked, restart, cli, sgd, burn, s3, ranks,
-    /// collective, nodes).
+    /// (report, persist, blocked, restart, cli, sgd, burn, tensors, s3,
+    /// ranks, collective, nodes).
     #[arg(long, value_name = "GROUP")]
     only: Vec<String>,
     /// The `trainhost` binary for the CLI measures. Default: next to this
@@ -93,6 +95,9 @@ fn main() -> Result<()> {
     }
     if want("burn") {
         rows.extend(burn::burn(args.quick, reps)?);
+    }
+    if want("tensors") {
+        rows.extend(tensors::tensors(args.quick, reps)?);
     }
     if want("s3") {
         match s3::s3(args.quick, reps) {

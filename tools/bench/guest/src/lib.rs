@@ -41,6 +41,14 @@ enum Bench {
     /// `calls` all-reduces (f32, sum) of `floats` values, then as many
     /// reports without a checkpoint.
     AllReduce { floats: usize, calls: u32 },
+    /// `calls` host GEMMs of `n × n × n` (`c = a · b`).
+    Gemm { n: u32, calls: u32 },
+    /// `calls` kernel calls on a one-value tensor (`scale`), then as many
+    /// calls of a trivial import (`world-rank`).
+    KernelCall { calls: u32 },
+    /// `calls` all-reduces (f32, sum) of `floats` values as a list, then as
+    /// many of a host tensor of as many values.
+    TensorAllReduce { floats: usize, calls: u32 },
 }
 
 fn train(bench: Bench) -> Result<(), String> {
@@ -55,6 +63,9 @@ fn train(bench: Bench) -> Result<(), String> {
         Bench::Restart { bytes } => restart(bytes),
         Bench::Start => report(Metrics::new().with("started", true), None),
         Bench::AllReduce { floats, calls } => all_reduce(floats, calls),
+        Bench::Gemm { n, calls } => gemm(n, calls),
+        Bench::KernelCall { calls } => kernel_call(calls),
+        Bench::TensorAllReduce { floats, calls } => tensor_all_reduce(floats, calls),
     }
 }
 
@@ -101,16 +112,10 @@ fn report_loop(reports: u32) -> Result<(), String> {
 fn all_reduce(floats: usize, calls: u32) -> Result<(), String> {
     use trainhost_guest::collective::{self, Op};
     let mut data = vec![1.0f32; floats];
-    // Warm up: the first call grows the guest's memory for the result.
-    collective::all_reduce(&mut data, Op::Sum).map_err(|e| e.to_string())?;
-    let mut times = Vec::with_capacity(calls as usize);
-    for _ in 0..calls {
-        let started = Instant::now();
-        collective::all_reduce(&mut data, Op::Sum).map_err(|e| e.to_string())?;
-        times.push(started.elapsed().as_nanos() as f64);
-    }
-    times.sort_by(f64::total_cmp);
-    let all_reduce_ns = times[times.len() / 2];
+    // The untimed first call grows the guest's memory for the result.
+    let all_reduce_ns = median_ns(calls, || {
+        collective::all_reduce(&mut data, Op::Sum).map_err(|e| e.to_string())
+    })?;
     let started = Instant::now();
     for i in 0..calls {
         report(Metrics::new().with("i", i), None)?;
@@ -120,6 +125,67 @@ fn all_reduce(floats: usize, calls: u32) -> Result<(), String> {
         Metrics::new()
             .with("all_reduce_ns", all_reduce_ns)
             .with("report_ns", report_ns),
+        None,
+    )
+}
+
+/// The median of `calls` timings of `f`, after one untimed call.
+fn median_ns(calls: u32, mut f: impl FnMut() -> Result<(), String>) -> Result<f64, String> {
+    f()?;
+    let mut times = Vec::with_capacity(calls as usize);
+    for _ in 0..calls.max(1) {
+        let started = Instant::now();
+        f()?;
+        times.push(started.elapsed().as_nanos() as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn gemm(n: u32, calls: u32) -> Result<(), String> {
+    use trainhost_guest::tensor::Tensor;
+    let e = |e: trainhost_guest::tensor::TensorError| e.to_string();
+    let a = Tensor::uniform(&[n, n], -1.0, 1.0, 1).map_err(e)?;
+    let b = Tensor::uniform(&[n, n], -1.0, 1.0, 2).map_err(e)?;
+    let mut c = Tensor::zeros(&[n, n]).map_err(e)?;
+    let gemm_ns = median_ns(calls, || c.gemm(1.0, &a, false, &b, false, 0.0).map_err(e))?;
+    report(Metrics::new().with("gemm_ns", gemm_ns), None)
+}
+
+fn kernel_call(calls: u32) -> Result<(), String> {
+    use trainhost_guest::tensor::Tensor;
+    let mut t = Tensor::zeros(&[1]).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    for _ in 0..calls {
+        t.scale(black_box(1.0));
+    }
+    let kernel_ns = per_call(started.elapsed(), calls);
+    let started = Instant::now();
+    for _ in 0..calls {
+        black_box(trainhost_guest::world_rank());
+    }
+    let call_ns = per_call(started.elapsed(), calls);
+    report(
+        Metrics::new()
+            .with("kernel_ns", kernel_ns)
+            .with("call_ns", call_ns),
+        None,
+    )
+}
+
+fn tensor_all_reduce(floats: usize, calls: u32) -> Result<(), String> {
+    use trainhost_guest::collective::{self, Op};
+    use trainhost_guest::tensor::Tensor;
+    let mut data = vec![1.0f32; floats];
+    let list_ns = median_ns(calls, || {
+        collective::all_reduce(&mut data, Op::Sum).map_err(|e| e.to_string())
+    })?;
+    let mut t = Tensor::from_slice(&[floats as u32], &data).map_err(|e| e.to_string())?;
+    let tensor_ns = median_ns(calls, || t.all_reduce(Op::Sum).map_err(|e| e.to_string()))?;
+    report(
+        Metrics::new()
+            .with("list_ns", list_ns)
+            .with("tensor_ns", tensor_ns),
         None,
     )
 }

@@ -11,3 +11,4 @@ pub(crate) mod report;
 pub(crate) mod restart;
 pub(crate) mod s3;
 pub(crate) mod sgd;
+pub(crate) mod tensors;
