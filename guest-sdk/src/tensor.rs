@@ -1,6 +1,8 @@
 //! Tensors that live in the host, and kernels that compute on them at
 //! native speed while the loop stays in the guest (WIT interface
-//! `tensors`, since `trainhost:train@0.1.3`).
+//! `tensors`, since `trainhost:train@0.1.3`; Adam, [`all_reduce`] of
+//! several tensors, [`Tensor::broadcast`], [`save`] and [`load`] since
+//! 0.1.4).
 //!
 //! A [`Tensor`] is f32, row-major, of rank 1 (`[n]`) or 2
 //! (`[rows, cols]`). Its values stay in the host: build it from a slice
@@ -9,7 +11,7 @@
 //! with the rank's linear memory; dropping it frees them. A kernel checks
 //! its arguments and returns a [`TensorError`] without changing anything
 //! on a bad call. A rank whose run is stopping is stopped at its next
-//! kernel, and inside a long one within a few milliseconds.
+//! kernel, and inside a long GEMM within about 10 ms.
 //!
 //! Kernels write into the tensor they are called on (`&mut self`), so a
 //! training step allocates nothing once its tensors exist:
