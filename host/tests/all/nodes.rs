@@ -165,6 +165,35 @@ fn collectives_span_the_nodes_with_one_result_everywhere() {
 }
 
 #[test]
+fn collectives_of_host_tensors_span_the_nodes() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"tensor_all_reduce_list": [400, 600], "op": "max"},
+        {"tensor_all_reduce": 1000, "op": "sum"},
+        {"tensor_broadcast": 100, "root": 3},
+        {"report": {"done": true}},
+    ]);
+    let (ok, stdout, stderr) = mpiexec(&[(3, scripted_args(6, steps, &[]))], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    let max = crate::collective::expected(6, "f32", "max", 1000);
+    let threes: Vec<u8> = (0..100)
+        .flat_map(|i| (crate::collective::value(3, i) as f32).to_le_bytes())
+        .collect();
+    let broadcast = format!("tensor_broadcast: {:016x}", crate::collective::fnv(&threes));
+    let first = rank_lines(&stdout, 0);
+    for rank in 0..6 {
+        let lines = rank_lines(&stdout, rank);
+        assert!(lines.contains(&max.as_str()), "rank {rank}\n{stdout}");
+        assert!(lines.contains(&broadcast.as_str()), "rank {rank}\n{stdout}");
+        // The sum crosses the nodes by MPI: the same bits on every rank.
+        assert_eq!(lines, first, "rank {rank}");
+    }
+}
+
+#[test]
 fn calls_that_differ_across_nodes_fail_every_node_naming_each_rank() {
     if !have_mpiexec() {
         return;
