@@ -125,6 +125,11 @@ pub struct RunConfig {
     /// the host, which lets guest code run at native speed. See
     /// [`Interruption`].
     pub interruption: Interruption,
+    /// `true` (default): store the metrics history as a TensorBoard event
+    /// file too (`events.out.tfevents.trainhost` beside `metrics.jsonl`;
+    /// `tensorboard --logdir <storage>` shows every run), rank 0's numeric
+    /// metrics with the report's index as the step (R49).
+    pub tensorboard: bool,
 }
 
 impl Default for RunConfig {
@@ -142,6 +147,7 @@ impl Default for RunConfig {
             limits: ResourceLimits::default(),
             persist_in_background: true,
             interruption: Interruption::default(),
+            tensorboard: true,
         }
     }
 }

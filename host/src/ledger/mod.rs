@@ -34,6 +34,7 @@ use crate::error::Error;
 use crate::failure::RunFailure;
 use crate::metrics::Metrics;
 use crate::persist::Previous;
+use crate::record::tensorboard::EventFile;
 use crate::record::{CheckpointRecord, History, ReportRecord, RunState, layout, ranking};
 use crate::storage::Storage;
 
@@ -57,6 +58,9 @@ struct Inner {
     /// What storage holds (or is about to, for the history).
     state: RunState,
     history: History,
+    /// The history as a TensorBoard event file, when the run writes one
+    /// (R49).
+    events: Option<EventFile>,
     /// Indices handed out to reports that may not be written yet. Runs
     /// ahead of `state` while reports are on their way to storage; set
     /// back to it when an attempt starts (see [`Ledger::restart_numbering`]).
@@ -234,12 +238,27 @@ impl Ledger {
         let mut inner = self.lock();
         inner.state.reports = report_index + 1;
         inner.history.append(report_index, metrics, checkpoint);
+        let Inner {
+            history, events, ..
+        } = &mut *inner;
+        if let (Some(events), Some(last)) = (events, history.records().last()) {
+            events.push(last);
+        }
     }
 
-    /// Store the metrics history as it is in memory.
+    /// Store the metrics history as it is in memory, and its TensorBoard
+    /// event file after it.
     pub async fn write_history(&self) -> Result<(), Error> {
-        let bytes = self.lock().history.to_bytes();
-        self.storage.put(layout::HISTORY, bytes).await
+        let (bytes, events) = {
+            let inner = self.lock();
+            let events = inner.events.as_ref().map(EventFile::to_bytes);
+            (inner.history.to_bytes(), events)
+        };
+        self.storage.put(layout::HISTORY, bytes).await?;
+        match events {
+            Some(events) => self.storage.put(layout::TENSORBOARD, events).await,
+            None => Ok(()),
+        }
     }
 }
 
@@ -259,6 +278,7 @@ pub(crate) fn open_for_test(
         retention,
         fresh: false,
         must_be_new,
+        tensorboard: true,
     };
     rt.block_on(Ledger::open(storage.clone(), options, rt.handle().clone()))
 }

@@ -9,6 +9,7 @@ use super::{Inner, Ledger, Numbering};
 use crate::config::Retention;
 use crate::error::Error;
 use crate::record::layout::{self, FORMAT, RUN_STATE};
+use crate::record::tensorboard::EventFile;
 use crate::record::{self, CheckpointRecord, History, HistoryError, RunState};
 use crate::storage::Storage;
 
@@ -49,6 +50,8 @@ pub(crate) struct LedgerOptions<'a> {
     pub fresh: bool,
     /// Refuse to continue a run: the name was generated for a new one.
     pub must_be_new: bool,
+    /// Store the history as a TensorBoard event file too.
+    pub tensorboard: bool,
 }
 
 impl Ledger {
@@ -128,6 +131,9 @@ impl Ledger {
             retention: options.retention,
             inner: Mutex::new(Inner {
                 state,
+                events: options
+                    .tensorboard
+                    .then(|| EventFile::of(history.records())),
                 history,
                 assigned: Numbering::default(),
                 previous: None,
@@ -240,8 +246,10 @@ async fn leftovers(storage: &Storage) -> Result<Vec<String>, Error> {
         found.truncate(3);
         found.push(format!("{} more checkpoint directories", dirs - 3));
     }
-    if storage.get(layout::HISTORY).await?.is_some() {
-        found.push(layout::HISTORY.to_owned());
+    for file in [layout::HISTORY, layout::TENSORBOARD] {
+        if storage.get(file).await?.is_some() {
+            found.push(file.to_owned());
+        }
     }
     Ok(found)
 }

@@ -6,6 +6,7 @@
 //!     trainhost-run.json                  run state (R12)
 //!     trainhost-owner.json                who owns the run (R27)
 //!     metrics.jsonl                       every report, one JSON object a line (R9)
+//!     events.out.tfevents.trainhost       the same reports for TensorBoard (R49)
 //!     checkpoint_000000/
 //!         <the guest's files, paths and bytes as written>
 //!         .trainhost/manifest.json        written last: the commit (R11)
@@ -28,6 +29,9 @@ pub const RUN_STATE: &str = "trainhost-run.json";
 pub const OWNER: &str = "trainhost-owner.json";
 /// The metrics history's path inside a run directory.
 pub const HISTORY: &str = "metrics.jsonl";
+/// The history as a TensorBoard event file ("tfevents" in the name is how
+/// TensorBoard finds it).
+pub const TENSORBOARD: &str = "events.out.tfevents.trainhost";
 /// The format version written into manifests and run state.
 pub const FORMAT: u32 = 1;
 

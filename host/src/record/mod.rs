@@ -12,6 +12,7 @@ pub(crate) mod layout;
 pub(crate) mod manifest;
 pub(crate) mod ranking;
 pub(crate) mod state;
+pub(crate) mod tensorboard;
 
 pub use history::ReportRecord;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -164,6 +164,7 @@ fn fit_owned(
             retention: trainer.retention.clone(),
             fresh: run.fresh,
             must_be_new: generated,
+            tensorboard: run.tensorboard,
         },
         rt.handle().clone(),
     ))?);

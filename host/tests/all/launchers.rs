@@ -44,18 +44,7 @@ fn the_slurm_script_parses_and_starts_one_trainhost_per_node_that_resumes() {
 
 /// The manifest as JSON, through PyYAML; `None` (skipped) without it.
 fn manifest() -> Option<Value> {
-    let python = std::env::var_os("TRAINHOST_MOTO_SERVER")
-        .map(PathBuf::from)
-        .and_then(|moto| Some(moto.parent()?.join("python")))
-        .filter(|p| p.exists());
-    let Some(python) = python else {
-        assert!(
-            std::env::var("TRAINHOST_REQUIRE_STORAGE_SERVERS").as_deref() != Ok("1"),
-            "TRAINHOST_MOTO_SERVER is not set: run the tests with scripts/test.sh"
-        );
-        eprintln!("skipped: no PyYAML (TRAINHOST_MOTO_SERVER is not set; scripts/test.sh sets it)");
-        return None;
-    };
+    let python = crate::util::venv_python("PyYAML")?;
     let out = Command::new(python)
         .args([
             "-c",

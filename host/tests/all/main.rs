@@ -29,6 +29,7 @@ mod resume;
 mod retention;
 mod servers;
 mod sharing;
+mod tensorboard;
 mod tensors;
 mod util;
 mod workdir;

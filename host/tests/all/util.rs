@@ -308,3 +308,21 @@ pub fn run_bounded(args: &[&str], dir: &Path, bound: Duration) -> Bounded {
         stderr: reading.join().unwrap(),
     }
 }
+
+/// The Python that scripts/install-test-servers.sh installs beside moto
+/// (with PyYAML and TensorBoard); `None`, saying that `what` is skipped,
+/// when the tests run without it, and a failure when CI requires it.
+pub fn venv_python(what: &str) -> Option<PathBuf> {
+    let python = std::env::var_os("TRAINHOST_MOTO_SERVER")
+        .map(PathBuf::from)
+        .and_then(|moto| Some(moto.parent()?.join("python")))
+        .filter(|p| p.exists());
+    if python.is_none() {
+        assert!(
+            std::env::var("TRAINHOST_REQUIRE_STORAGE_SERVERS").as_deref() != Ok("1"),
+            "TRAINHOST_MOTO_SERVER is not set: run the tests with scripts/test.sh"
+        );
+        eprintln!("skipped: no {what} (TRAINHOST_MOTO_SERVER is not set; scripts/test.sh sets it)");
+    }
+    python
+}

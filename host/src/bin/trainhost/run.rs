@@ -201,6 +201,13 @@ pub struct RunArgs {
     #[arg(long, help_heading = "Performance")]
     wait_for_upload: bool,
 
+    /// Do not write the TensorBoard event file
+    /// (<STORAGE>/<NAME>/events.out.tfevents.trainhost, rank 0's numeric
+    /// metrics against the report index, rewritten with metrics.jsonl).
+    /// Default: written; `tensorboard --logdir <STORAGE>` shows every run.
+    #[arg(long)]
+    no_tensorboard: bool,
+
     /// Where a running rank can be stopped (when another rank fails, a
     /// limit is hit, or preemption's grace runs out). `anywhere` checks on
     /// every loop iteration of the guest, which makes tight numeric loops
@@ -278,6 +285,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 max_checkpoint_bytes: args.max_checkpoint_size,
             },
             persist_in_background: !args.wait_for_upload,
+            tensorboard: !args.no_tensorboard,
             interruption: match args.interrupt {
                 InterruptAt::Anywhere => Interruption::Anywhere,
                 InterruptAt::HostCalls => Interruption::AtHostCalls,
