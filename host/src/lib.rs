@@ -79,7 +79,7 @@ mod trainer;
 
 pub use alloc::HugePageAllocator;
 pub use checkpoint::{
-    Checkpoint, CheckpointDir, committed_checkpoints, committed_checkpoints_with,
+    Checkpoint, CheckpointDir, committed_checkpoints, committed_checkpoints_with, stored_history,
 };
 pub use config::{
     CheckpointConfig, DEFAULT_PREEMPTION_GRACE, DEFAULT_REPORT_TIMEOUT, DEFAULT_STORAGE,

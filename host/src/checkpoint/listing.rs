@@ -1,9 +1,10 @@
-//! Listing a run's committed checkpoints, ranked as the run ranks them.
+//! Reading a stored run: its committed checkpoints, ranked as the run
+//! ranks them, and its metrics history.
 
 use super::{Checkpoint, block_on};
 use crate::config::{Location, StorageOptions};
 use crate::error::Error;
-use crate::record::{self, CheckpointRecord, layout, ranking};
+use crate::record::{self, CheckpointRecord, History, ReportRecord, layout, ranking};
 use crate::storage::Storage;
 
 /// The committed checkpoints of the run stored at `run_location` (a
@@ -59,5 +60,40 @@ pub fn committed_checkpoints_with(
                     .map(|(_, c)| c.clone())
             })
             .collect())
+    })
+}
+
+/// Every report of the run stored at `run_location` (a directory or URL),
+/// oldest first, as its `metrics.jsonl` holds them (R9; a torn last line,
+/// left by a host killed while writing, is left out).
+///
+/// ```no_run
+/// use trainhost::StorageOptions;
+/// let history = trainhost::stored_history("./trainhost_results/demo", &StorageOptions::default())?;
+/// for r in history {
+///     println!("{} {}", r.report_index, r.metrics);
+/// }
+/// # Ok::<(), trainhost::Error>(())
+/// ```
+pub fn stored_history(
+    run_location: &str,
+    options: &StorageOptions,
+) -> Result<Vec<ReportRecord>, Error> {
+    block_on(async {
+        let storage = Storage::open(&Location::parse(run_location)?, options)?;
+        let Some(bytes) = storage.get(layout::HISTORY).await? else {
+            let what = match storage.get(layout::RUN_STATE).await? {
+                Some(_) => "has reported nothing yet",
+                None => "holds no trainhost run; give the run's directory, <storage>/<run name>",
+            };
+            return Err(Error::InvalidConfig(format!(
+                "{} {what} (no {})",
+                storage.url(),
+                layout::HISTORY
+            )));
+        };
+        let history = History::parse(bytes.to_vec())
+            .map_err(|e| Error::InvalidConfig(format!("{}: {e}", storage.url())))?;
+        Ok(history.records().to_vec())
     })
 }

@@ -11,7 +11,7 @@ use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use futures::{StreamExt, TryStreamExt};
 
-pub use listing::{committed_checkpoints, committed_checkpoints_with};
+pub use listing::{committed_checkpoints, committed_checkpoints_with, stored_history};
 
 use crate::config::{Location, StorageOptions};
 use crate::error::Error;

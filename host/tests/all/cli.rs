@@ -520,3 +520,68 @@ fn a_closed_stderr_neither_panics_nor_hangs_the_host() {
         "the failed run's status, not a panic's 101"
     );
 }
+
+#[test]
+fn metrics_prints_the_history_as_a_table_csv_and_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({"steps": [
+        {"report": {"loss": 1.5, "phase": "warm, up"}},
+        {"write": "c/f", "text": "x"},
+        {"report": {"loss": 0.25, "epoch": 1}, "checkpoint": "c"},
+    ]})
+    .to_string();
+    let out = trainhost(
+        &["run", TEST_GUEST, "--config", &config, "--name", "m"],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+
+    let out = trainhost(&["metrics", "m"], tmp.path());
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["report", "checkpoint", "time", "loss", "phase", "epoch"]
+    );
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert_eq!(rows[1][0], "0");
+    assert_eq!(rows[1][2..], ["1.5", "warm,", "up"][..], "{stdout}");
+    assert_eq!(rows[2][..2], ["1", "0"], "{stdout}");
+    assert_eq!(rows[2][3..], ["0.25", "1"], "{stdout}");
+
+    let out = trainhost(&["metrics", "trainhost_results/m", "--csv"], tmp.path());
+    let (stdout, _) = text(&out);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "report,checkpoint,time,loss,phase,epoch");
+    assert!(
+        lines[1].starts_with("0,,") && lines[1].ends_with(",1.5,\"warm, up\","),
+        "{stdout}"
+    );
+    assert!(
+        lines[2].starts_with("1,0,") && lines[2].ends_with(",0.25,,1"),
+        "{stdout}"
+    );
+
+    let out = trainhost(&["metrics", "m", "--json", "--metric", "loss"], tmp.path());
+    let (stdout, _) = text(&out);
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(json[1]["metrics"], serde_json::json!({"loss": 0.25}));
+    assert_eq!(json[1]["checkpoint"], 0);
+
+    let out = trainhost(&["metrics", "m", "--metric", "accuracy"], tmp.path());
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("no report of")
+            && stderr.contains("has a metric \"accuracy\"; it has: loss, phase, epoch"),
+        "{stderr}"
+    );
+    let out = trainhost(&["metrics", "nothing"], tmp.path());
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("holds no trainhost run"), "{stderr}");
+}

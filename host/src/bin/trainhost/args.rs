@@ -4,7 +4,21 @@
 use std::time::Duration;
 
 use clap::Args;
-use trainhost::StorageOptions;
+use trainhost::{RunConfig, StorageOptions};
+
+/// The location of the run a subcommand names: a run name under
+/// `storage`, or (anything with a `/`) the run's own directory or URL.
+pub fn run_location(run: &str, storage: &str) -> Result<String, trainhost::Error> {
+    if run.contains('/') {
+        return Ok(run.to_owned());
+    }
+    RunConfig {
+        name: Some(run.to_owned()),
+        storage_path: storage.to_owned(),
+        ..RunConfig::default()
+    }
+    .run_location()
+}
 
 /// How to reach an object store.
 #[derive(Args, Debug)]

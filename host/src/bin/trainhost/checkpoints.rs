@@ -3,9 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use trainhost::RunConfig;
 
-use crate::args::StorageFlags;
+use crate::args::{StorageFlags, run_location};
 
 #[derive(Args, Debug)]
 pub struct CheckpointsArgs {
@@ -27,18 +26,7 @@ pub struct CheckpointsArgs {
 }
 
 pub fn checkpoints(args: CheckpointsArgs) -> anyhow::Result<ExitCode> {
-    // A run name is a plain directory name: anything with a separator is
-    // the run's own location.
-    let location = if args.run.contains('/') {
-        args.run.clone()
-    } else {
-        RunConfig {
-            name: Some(args.run.clone()),
-            storage_path: args.storage.clone(),
-            ..RunConfig::default()
-        }
-        .run_location()?
-    };
+    let location = run_location(&args.run, &args.storage)?;
     let list =
         trainhost::committed_checkpoints_with(&location, &args.storage_flags.options(false))?;
     let latest = list.iter().map(trainhost::Checkpoint::index).max();

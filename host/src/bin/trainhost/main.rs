@@ -22,6 +22,7 @@ macro_rules! show {
 
 mod args;
 mod checkpoints;
+mod metrics;
 mod run;
 
 use std::process::ExitCode;
@@ -49,6 +50,9 @@ enum Command {
     /// List a run's retained checkpoints, best first, with their metrics;
     /// the latest is marked with `*`.
     Checkpoints(checkpoints::CheckpointsArgs),
+    /// Print a run's metrics history (metrics.jsonl): every report with
+    /// its index, its checkpoint and its metrics, as a table, JSON or CSV.
+    Metrics(metrics::MetricsArgs),
 }
 
 /// Large host buffers (collective payloads, copies of guest data) on huge
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Checkpoints(args) => checkpoints::checkpoints(args),
+        Command::Metrics(args) => metrics::metrics(args),
     };
     match outcome {
         Ok(code) => code,
