@@ -585,3 +585,64 @@ fn metrics_prints_the_history_as_a_table_csv_and_json() {
     assert!(!out.status.success());
     assert!(stderr.contains("holds no trainhost run"), "{stderr}");
 }
+
+#[test]
+fn metrics_plots_the_chosen_metrics_into_png_and_svg() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = serde_json::json!({"steps": [
+        {"report": {"loss": 1.5, "accuracy": 0.5, "phase": "a"}},
+        {"write": "c/f", "text": "x"},
+        {"report": {"loss": 0.75, "accuracy": 0.75}, "checkpoint": "c"},
+        {"report": {"loss": 0.5, "accuracy": 0.9}},
+    ]})
+    .to_string();
+    let out = trainhost(
+        &["run", TEST_GUEST, "--config", &config, "--name", "p"],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+
+    // Every numeric metric: two panels of 240 pixels under a 40-pixel title.
+    let out = trainhost(&["metrics", "p", "--plot", "p.png"], tmp.path());
+    assert!(out.status.success(), "{:?}", text(&out));
+    let png = std::fs::read(tmp.path().join("p.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let (width, height) = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
+    assert_eq!((width, height), (960, 2 * 240 + 40));
+
+    let out = trainhost(
+        &["metrics", "p", "--metric", "loss", "--plot", "p.svg"],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    let svg = std::fs::read_to_string(tmp.path().join("p.svg")).unwrap();
+    // Each text element's content is on a line of its own.
+    let texts: Vec<&str> = svg.lines().map(str::trim).collect();
+    assert!(
+        texts.contains(&"loss") && !texts.contains(&"accuracy"),
+        "{svg}"
+    );
+    // One checkpoint marked on the line, and one in the legend.
+    assert_eq!(svg.matches("<circle").count(), 2, "{svg}");
+
+    for (args, error) in [
+        (
+            &["metrics", "p", "--plot", "p.pdf"][..],
+            "name a .png or .svg file",
+        ),
+        (
+            &["metrics", "p", "--metric", "phase", "--plot", "p.png"][..],
+            "none of phase has a finite numeric value to plot",
+        ),
+    ] {
+        let out = trainhost(args, tmp.path());
+        let (_, stderr) = text(&out);
+        assert!(
+            !out.status.success() && stderr.contains(error),
+            "{args:?}: {stderr}"
+        );
+    }
+}

@@ -23,6 +23,7 @@ macro_rules! show {
 mod args;
 mod checkpoints;
 mod metrics;
+mod plot;
 mod run;
 
 use std::process::ExitCode;

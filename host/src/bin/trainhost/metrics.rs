@@ -1,5 +1,6 @@
 //! `trainhost metrics`: a run's metrics history as a table, JSON or CSV.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
@@ -32,6 +33,12 @@ pub struct MetricsArgs {
     #[arg(long)]
     csv: bool,
 
+    /// Draw the metrics (--metric, default: every numeric one) against
+    /// the report index into this .png or .svg file: a panel and a line
+    /// per metric, reports that committed a checkpoint marked with a dot.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+
     #[command(flatten)]
     storage_flags: StorageFlags,
 }
@@ -55,6 +62,22 @@ pub fn metrics(args: MetricsArgs) -> anyhow::Result<ExitCode> {
             args.metrics.clone()
         }
     };
+    if let Some(path) = &args.plot {
+        let numeric: Vec<String> = match args.metrics.is_empty() {
+            true => columns
+                .into_iter()
+                .filter(|c| {
+                    history
+                        .iter()
+                        .any(|r| r.metrics.get(c).is_some_and(|v| v.as_f64().is_some()))
+                })
+                .collect(),
+            false => columns,
+        };
+        crate::plot::plot(path, &location, &history, &numeric)?;
+        show!("wrote {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     if args.json {
         let records: Vec<serde_json::Value> = history
             .iter()
