@@ -23,6 +23,7 @@ mod owner;
 mod persistence;
 mod preemption;
 mod protocol;
+mod python;
 mod report;
 mod restore;
 mod resume;

@@ -1,0 +1,302 @@
+"""trainhost for training loops written in Python.
+
+Build a loop with ``scripts/build-python-guest.sh loop.py -o loop.wasm``
+(componentize-py puts CPython, this package and the loop into one WASI
+component) and run it with ``trainhost run loop.wasm``. The loop module
+declares its entry point::
+
+    import trainhost
+
+    @trainhost.entry
+    def train():
+        cfg = trainhost.config()
+        for epoch in range(cfg.get("epochs", 3)):
+            trainhost.report({"epoch": epoch, "loss": 1.0 / (epoch + 1)})
+
+Module top-level code runs once, when the component is built, and its
+state is frozen into it: read the rank, the config, the checkpoint and
+randomness inside the entry function, never at import time.
+
+An exception escaping the entry function fails the run with its
+traceback as the error.
+"""
+
+import json
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import collective as _collective
+from wit_world.imports import context as _context
+from wit_world.imports import session as _session
+from wit_world.imports import tensors as _tensors
+
+__all__ = [
+    "entry", "report", "get_checkpoint", "preemption_requested", "config",
+    "world_rank", "world_size", "local_rank", "local_world_size", "node_rank",
+    "run_name", "scratch_dir", "barrier", "broadcast", "all_gather",
+    "all_reduce", "Tensor", "TrainhostError",
+]
+
+
+class TrainhostError(Exception):
+    """A call the host refused: the message says why and what to do."""
+
+
+def _raise(e: Err) -> None:
+    value = e.value
+    message = getattr(value, "value", value)
+    kind = type(value).__name__.split("_")[-1]
+    raise TrainhostError(f"{kind}: {message}") from None
+
+
+def entry(train: Callable[[], None]):
+    """Declare ``train`` as the loop's entry point; returns the class
+    componentize-py exports, which the module must bind as ``WitWorld``
+    (``WitWorld = trainhost.entry(train)``) or the decorator binds it in
+    the caller's module."""
+
+    class WitWorld(wit_world.WitWorld):
+        def train(self) -> None:
+            try:
+                train()
+            except Err:
+                raise
+            except BaseException:
+                raise Err(traceback.format_exc().rstrip())
+
+    import sys
+    module = sys.modules.get(train.__module__)
+    if module is not None:
+        setattr(module, "WitWorld", WitWorld)
+    return train
+
+
+# --- context -----------------------------------------------------------
+
+def world_rank() -> int:
+    return _context.world_rank()
+
+
+def world_size() -> int:
+    return _context.world_size()
+
+
+def local_rank() -> int:
+    return _context.local_rank()
+
+
+def local_world_size() -> int:
+    return _context.local_world_size()
+
+
+def node_rank() -> int:
+    return _context.node_rank()
+
+
+def run_name() -> str:
+    return _context.run_name()
+
+
+def scratch_dir() -> str:
+    return _context.scratch_dir()
+
+
+def config() -> Dict[str, Any]:
+    """The run's config (``--config``), parsed; {} without one."""
+    text = _context.config()
+    return json.loads(text) if text.strip() else {}
+
+
+# --- session -----------------------------------------------------------
+
+def _metric(name: str, value: Any) -> _session.Metric:
+    if isinstance(value, bool):
+        v = _session.MetricValue_Boolean(value)
+    elif isinstance(value, int):
+        v = _session.MetricValue_Integer(value)
+    elif isinstance(value, float):
+        v = _session.MetricValue_Float(value)
+    elif isinstance(value, str):
+        v = _session.MetricValue_Text(value)
+    else:
+        raise TypeError(f"metric {name!r} is a {type(value).__name__}; metrics are int, float, bool or str")
+    return _session.Metric(name, v)
+
+
+def report(metrics: Dict[str, Any], checkpoint: Optional[str] = None, hand_over: bool = False) -> None:
+    """Report ``metrics`` (rank 0's are recorded) and, optionally, the
+    directory ``checkpoint`` below the scratch directory. Collective: every
+    rank calls it. With ``hand_over`` the host takes the directory and
+    leaves an empty one in its place."""
+    items = [_metric(k, v) for k, v in metrics.items()]
+    try:
+        if hand_over:
+            if checkpoint is None:
+                raise ValueError("hand_over needs a checkpoint directory")
+            _session.report_handing_over(items, checkpoint)
+        else:
+            _session.report(items, checkpoint)
+    except Err as e:
+        _raise(e)
+
+
+def get_checkpoint() -> Optional[str]:
+    """The directory of the checkpoint to resume from, read-only, or None."""
+    return _session.get_checkpoint()
+
+
+def preemption_requested() -> bool:
+    return _session.preemption_requested()
+
+
+# --- collectives -------------------------------------------------------
+
+_OPS = {
+    "sum": _collective.ReduceOp.SUM,
+    "mean": _collective.ReduceOp.MEAN,
+    "min": _collective.ReduceOp.MIN,
+    "max": _collective.ReduceOp.MAX,
+}
+
+
+def _op(op: str) -> _collective.ReduceOp:
+    try:
+        return _OPS[op]
+    except KeyError:
+        raise ValueError(f"unknown reduction {op!r}; use one of {', '.join(_OPS)}") from None
+
+
+def barrier() -> None:
+    try:
+        _collective.barrier()
+    except Err as e:
+        _raise(e)
+
+
+def broadcast(data: bytes, root: int = 0) -> bytes:
+    try:
+        return _collective.broadcast(data, root)
+    except Err as e:
+        _raise(e)
+
+
+def all_gather(data: bytes) -> List[bytes]:
+    try:
+        return _collective.all_gather(data)
+    except Err as e:
+        _raise(e)
+
+
+def all_reduce(values: Sequence[float], op: str = "sum", dtype: str = "f32") -> List[float]:
+    """Combine every rank's ``values`` element-wise (f32, f64 or s64)."""
+    call = {"f32": _collective.all_reduce_f32, "f64": _collective.all_reduce_f64,
+            "s64": _collective.all_reduce_s64}.get(dtype)
+    if call is None:
+        raise ValueError(f"unknown dtype {dtype!r}; use f32, f64 or s64")
+    try:
+        return call(list(values), _op(op))
+    except Err as e:
+        _raise(e)
+
+
+# --- tensors -----------------------------------------------------------
+
+_ACTIVATIONS = {
+    "relu": _tensors.Activation.RELU,
+    "tanh": _tensors.Activation.TANH,
+    "sigmoid": _tensors.Activation.SIGMOID,
+    "exp": _tensors.Activation.EXP,
+}
+
+
+def _call(f, *args):
+    try:
+        return f(*args)
+    except Err as e:
+        _raise(e)
+
+
+class Tensor:
+    """An f32 tensor of rank 1 or 2 that lives in the host; kernels run
+    on it at native speed and write into the tensor they are called on."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, handle: _tensors.Tensor):
+        self._t = handle
+
+    @staticmethod
+    def from_list(shape: Sequence[int], data: Sequence[float]) -> "Tensor":
+        return Tensor(_call(_tensors.Tensor.from_list, list(shape), list(data)))
+
+    @staticmethod
+    def zeros(shape: Sequence[int]) -> "Tensor":
+        return Tensor(_call(_tensors.Tensor.zeros, list(shape)))
+
+    @staticmethod
+    def uniform(shape: Sequence[int], low: float, high: float, seed: int) -> "Tensor":
+        return Tensor(_call(_tensors.Tensor.uniform, list(shape), low, high, seed))
+
+    @property
+    def shape(self) -> List[int]:
+        return self._t.shape()
+
+    def to_list(self) -> List[float]:
+        return self._t.to_list()
+
+    def assign(self, data: Sequence[float]) -> None:
+        _call(self._t.assign, list(data))
+
+    def gemm(self, alpha: float, a: "Tensor", b: "Tensor", beta: float = 0.0,
+             trans_a: bool = False, trans_b: bool = False) -> None:
+        """self = alpha * op(a) @ op(b) + beta * self."""
+        _call(_tensors.gemm, self._t, alpha, a._t, trans_a, b._t, trans_b, beta)
+
+    def axpy(self, alpha: float, x: "Tensor") -> None:
+        _call(_tensors.axpy, self._t, alpha, x._t)
+
+    def scale(self, alpha: float) -> None:
+        _tensors.scale(self._t, alpha)
+
+    def add_row(self, row: "Tensor") -> None:
+        _call(_tensors.add_row, self._t, row._t)
+
+    def sum_rows(self, x: "Tensor", beta: float = 0.0) -> None:
+        _call(_tensors.sum_rows, self._t, x._t, beta)
+
+    def activate(self, f: str) -> None:
+        _tensors.activate(self._t, _ACTIVATIONS[f])
+
+    def activate_backward(self, output: "Tensor", f: str) -> None:
+        _call(_tensors.activate_backward, self._t, output._t, _ACTIVATIONS[f])
+
+    def softmax_cross_entropy(self, labels: Sequence[int], grad: "Tensor", grad_scale: float = 1.0) -> Tuple[float, int]:
+        return _call(_tensors.softmax_cross_entropy, self._t, list(labels), grad._t, grad_scale)
+
+    def sgd_momentum(self, velocity: "Tensor", grad: "Tensor", lr: float, momentum: float) -> None:
+        _call(_tensors.sgd_momentum, self._t, velocity._t, grad._t, lr, momentum)
+
+    def adam(self, m: "Tensor", v: "Tensor", grad: "Tensor", lr: float, step: int,
+             beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8) -> None:
+        _call(_tensors.adam, self._t, m._t, v._t, grad._t,
+              _tensors.AdamStep(lr, beta1, beta2, epsilon, step))
+
+    def all_reduce(self, op: str = "sum") -> None:
+        _call(_tensors.all_reduce, self._t, _op(op))
+
+    def broadcast(self, root: int = 0) -> None:
+        _call(_tensors.broadcast, self._t, root)
+
+    @staticmethod
+    def all_reduce_list(tensors: Sequence["Tensor"], op: str = "sum") -> None:
+        _call(_tensors.all_reduce_list, [t._t for t in tensors], _op(op))
+
+    @staticmethod
+    def save(path: str, named: Dict[str, "Tensor"]) -> None:
+        _call(_tensors.save, path, [(k, t._t) for k, t in named.items()])
+
+    @staticmethod
+    def load(path: str) -> Dict[str, "Tensor"]:
+        return {k: Tensor(t) for k, t in _call(_tensors.load, path)}
