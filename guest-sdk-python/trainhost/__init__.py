@@ -51,18 +51,16 @@ def _raise(e: Err) -> None:
     raise TrainhostError(f"{kind}: {message}") from None
 
 
-def entry(train: Callable[[], None]):
-    """Declare ``train`` as the loop's entry point; returns the class
-    componentize-py exports, which the module must bind as ``WitWorld``
-    (``WitWorld = trainhost.entry(train)``) or the decorator binds it in
-    the caller's module."""
+def entry(train: Callable[[], None]) -> Callable[[], None]:
+    """Declare ``train`` as the loop's entry point (a decorator): binds in
+    ``train``'s module the ``WitWorld`` class componentize-py exports, whose
+    ``train`` calls it. An exception escaping it becomes the guest's error,
+    the traceback its message."""
 
     class WitWorld(wit_world.WitWorld):
         def train(self) -> None:
             try:
                 train()
-            except Err:
-                raise
             except BaseException:
                 raise Err(traceback.format_exc().rstrip())
 
@@ -211,6 +209,13 @@ _ACTIVATIONS = {
 }
 
 
+def _activation(f: str) -> _tensors.Activation:
+    try:
+        return _ACTIVATIONS[f]
+    except KeyError:
+        raise ValueError(f"unknown activation {f!r}; use one of {', '.join(_ACTIVATIONS)}") from None
+
+
 def _call(f, *args):
     try:
         return f(*args)
@@ -267,10 +272,10 @@ class Tensor:
         _call(_tensors.sum_rows, self._t, x._t, beta)
 
     def activate(self, f: str) -> None:
-        _tensors.activate(self._t, _ACTIVATIONS[f])
+        _tensors.activate(self._t, _activation(f))
 
     def activate_backward(self, output: "Tensor", f: str) -> None:
-        _call(_tensors.activate_backward, self._t, output._t, _ACTIVATIONS[f])
+        _call(_tensors.activate_backward, self._t, output._t, _activation(f))
 
     def softmax_cross_entropy(self, labels: Sequence[int], grad: "Tensor", grad_scale: float = 1.0) -> Tuple[float, int]:
         return _call(_tensors.softmax_cross_entropy, self._t, list(labels), grad._t, grad_scale)
