@@ -282,7 +282,7 @@ fn leftovers_of_an_interrupted_start_fresh_are_refused_then_deleted_by_fresh() {
         &first,
         steps,
         &[
-            "holds checkpoint_000001, metrics.jsonl but no trainhost-run.json",
+            "holds checkpoint_000001, metrics.jsonl, events.out.tfevents.trainhost but no trainhost-run.json",
             "start fresh with --fresh",
         ],
     );
