@@ -1,54 +1,83 @@
 //! Loops written in Python (guest-sdk-python/, built by
 //! scripts/build-python-guest.sh with componentize-py): ranks, config,
 //! reports, host tensors and their all-reduce, a Python exception failing
-//! the run with its traceback, and a crash resumed from a checkpoint. The
+//! the run with its traceback, and a crash resumed from a checkpoint; the
+//! digits example in Python (examples/digits-python) reaching the Rust
+//! example's parameters bit for bit. The
 //! build installs componentize-py from PyPI on first use; without it the
 //! tests are skipped, saying so, unless TRAINHOST_REQUIRE_PYTHON=1 (CI).
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::json;
-use trainhost::{FailureConfig, FailureKind, MaxFailures, RunConfig, ScalingConfig, Trainer};
+use tempfile::TempDir;
+use trainhost::{
+    FailureConfig, FailureKind, MaxFailures, MetricValue, RunConfig, ScalingConfig, TrainResult,
+    Trainer,
+};
+use trainhost_test_artifacts::DIGITS_MLP;
 
 use crate::util::Lines;
 
-/// tests/python/scripted.py as a component, built once per test run.
-fn guest() -> Option<&'static str> {
-    static BUILT: OnceLock<Option<String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let top = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python-scripted.wasm");
-            let built = Command::new(top.join("scripts/build-python-guest.sh"))
-                .arg(top.join("tests/python/scripted.py"))
-                .arg("-o")
-                .arg(&out)
-                .output()
-                .unwrap();
-            if built.status.success() {
-                return Some(out.display().to_string());
-            }
-            let why = String::from_utf8_lossy(&built.stderr).into_owned();
-            assert!(
-                std::env::var("TRAINHOST_REQUIRE_PYTHON").as_deref() != Ok("1"),
-                "the Python guest did not build and TRAINHOST_REQUIRE_PYTHON=1:\n{why}"
-            );
-            eprintln!("skipped: the Python guest did not build (no python3 or no PyPI?):\n{why}");
-            None
-        })
-        .as_deref()
+/// A Python loop built into a component, once per test run: `script`
+/// (from the repository's top) with `paths` on its Python path.
+fn build(
+    cell: &'static OnceLock<Option<String>>,
+    script: &str,
+    paths: &[&str],
+) -> Option<&'static str> {
+    cell.get_or_init(|| {
+        let top = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let name = script.replace(['/', '.'], "-");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.wasm"));
+        let mut command = Command::new(top.join("scripts/build-python-guest.sh"));
+        command.arg(top.join(script)).arg("-o").arg(&out);
+        for path in paths {
+            command.arg("-p").arg(top.join(path));
+        }
+        let built = command.output().unwrap();
+        if built.status.success() {
+            return Some(out.display().to_string());
+        }
+        let why = String::from_utf8_lossy(&built.stderr).into_owned();
+        assert!(
+            std::env::var("TRAINHOST_REQUIRE_PYTHON").as_deref() != Ok("1"),
+            "{script} did not build and TRAINHOST_REQUIRE_PYTHON=1:\n{why}"
+        );
+        eprintln!("skipped: {script} did not build (no python3 or no PyPI?):\n{why}");
+        None
+    })
+    .as_deref()
 }
 
-fn run(
+/// tests/python/scripted.py: what it does comes from the config.
+pub(crate) fn scripted() -> Option<&'static str> {
+    static BUILT: OnceLock<Option<String>> = OnceLock::new();
+    build(&BUILT, "tests/python/scripted.py", &[])
+}
+
+/// examples/digits-python, the data built in.
+fn digits() -> Option<&'static str> {
+    static BUILT: OnceLock<Option<String>> = OnceLock::new();
+    build(
+        &BUILT,
+        "examples/digits-python/train.py",
+        &["examples/digits-mlp/data"],
+    )
+}
+
+/// A run of `guest` in a storage directory of its own, which the caller
+/// keeps to read the checkpoints.
+fn train(
+    guest: &str,
     workers: u32,
     config: serde_json::Value,
     max_failures: u32,
-) -> Option<(trainhost::TrainResult, std::sync::Arc<Lines>)> {
-    let guest = guest()?;
+) -> (TrainResult, Arc<Lines>, TempDir) {
     let storage = tempfile::tempdir().unwrap();
-    let lines = std::sync::Arc::new(Lines::default());
+    let lines = Arc::new(Lines::default());
     let result = Trainer::builder(guest)
         .train_loop_config(config)
         .scaling_config(ScalingConfig {
@@ -67,6 +96,15 @@ fn run(
         .unwrap()
         .fit()
         .unwrap();
+    (result, lines, storage)
+}
+
+fn run(
+    workers: u32,
+    config: serde_json::Value,
+    max_failures: u32,
+) -> Option<(TrainResult, Arc<Lines>)> {
+    let (result, lines, _) = train(scripted()?, workers, config, max_failures);
     Some((result, lines))
 }
 
@@ -130,5 +168,119 @@ fn a_crashed_python_loop_resumes_from_its_checkpoint() {
         printed
             .iter()
             .any(|(_, _, l)| l == "rank 0 resumes at epoch 2")
+    );
+}
+
+fn metric(result: &TrainResult, name: &str) -> f64 {
+    result
+        .metrics
+        .as_ref()
+        .and_then(|m| m.get(name))
+        .and_then(MetricValue::as_f64)
+        .unwrap_or_else(|| panic!("no {name} in {:?}", result.metrics))
+}
+
+/// The bytes of `file` in the run's latest checkpoint.
+fn latest(result: &TrainResult, file: &str) -> Vec<u8> {
+    let checkpoint = result.checkpoint.as_ref().expect("a checkpoint");
+    let dir = checkpoint.as_directory().unwrap();
+    std::fs::read(dir.path().join(file)).unwrap()
+}
+
+/// The Python example follows the Rust one on kernels step for step: the
+/// same data, initial weights, order and kernels give the same parameters
+/// bit for bit, with 1 and with 2 ranks (between rank counts only up to
+/// rounding: the gradient sums add in another order), and the same accuracy.
+#[test]
+fn the_python_digits_example_reaches_the_rust_examples_parameters() {
+    let Some(python) = digits() else { return };
+    let config = json!({"num_epochs": 12, "checkpoint_every": 4});
+    for workers in [1, 2] {
+        let rust = json!({"num_epochs": 12, "checkpoint_every": 4, "kernels": true});
+        let (expected, _, _keep) = train(DIGITS_MLP, workers, rust, 0);
+        assert!(expected.error.is_none(), "{:?}", expected.error);
+        let accuracy = metric(&expected, "val_accuracy");
+        assert!(accuracy >= 0.95, "the Rust example reached {accuracy}");
+        let (result, lines, _keep) = train(python, workers, config.clone(), 0);
+        assert!(result.error.is_none(), "{:?}", result.error);
+        assert_eq!(result.metrics_history.len(), 12);
+        assert_eq!(metric(&result, "val_accuracy"), accuracy, "{workers} ranks");
+        for file in ["model.safetensors", "optimizer.safetensors"] {
+            assert!(
+                latest(&result, file) == latest(&expected, file),
+                "{file} differs from the Rust example's with {workers} ranks"
+            );
+        }
+        let printed = lines.0.lock().unwrap();
+        assert!(
+            printed
+                .iter()
+                .any(|(rank, _, l)| *rank == 0 && l.starts_with("epoch 11: train loss")),
+            "{printed:?}"
+        );
+    }
+}
+
+/// A crash mid-run resumes from the last checkpoint and ends where an
+/// uninterrupted run does; a checkpoint of the Rust example resumes in
+/// Python too (the same files).
+#[test]
+fn the_python_digits_example_resumes_its_own_and_the_rust_examples_checkpoints() {
+    let Some(python) = digits() else { return };
+    let plain = json!({"num_epochs": 6, "checkpoint_every": 2});
+    let (expected, _, _keep) = train(python, 2, plain, 0);
+    assert!(expected.error.is_none(), "{:?}", expected.error);
+
+    let crashing = json!({"num_epochs": 6, "checkpoint_every": 2, "fail_at_epoch": 3});
+    let (result, lines, _keep) = train(python, 2, crashing, 1);
+    assert!(result.error.is_none(), "{:?}", result.error);
+    assert_eq!(result.failures, 1);
+    let failure = &result.failure_history[0];
+    assert!(
+        failure.to_string().contains("injected failure at epoch 3"),
+        "{failure}"
+    );
+    assert!(
+        lines
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, _, l)| l == "resuming after epoch 1")
+    );
+    assert_eq!(
+        latest(&result, "model.safetensors"),
+        latest(&expected, "model.safetensors")
+    );
+
+    // The Rust example trains 4 epochs; a Python run starts from its
+    // checkpoint and trains the last 2.
+    let (rust, _, _keep) = train(
+        DIGITS_MLP,
+        2,
+        json!({"num_epochs": 4, "checkpoint_every": 2, "kernels": true}),
+        0,
+    );
+    assert!(rust.error.is_none(), "{:?}", rust.error);
+    let storage = tempfile::tempdir().unwrap();
+    let resumed = Trainer::builder(python)
+        .train_loop_config(json!({"num_epochs": 6, "checkpoint_every": 2}))
+        .scaling_config(ScalingConfig { num_workers: 2 })
+        .run_config(RunConfig {
+            name: Some("from-rust".into()),
+            storage_path: storage.path().display().to_string(),
+            ..Default::default()
+        })
+        .resume_from_checkpoint(rust.checkpoint.as_ref().unwrap().location())
+        .output(Arc::new(Lines::default()))
+        .build()
+        .unwrap()
+        .fit()
+        .unwrap();
+    assert!(resumed.error.is_none(), "{:?}", resumed.error);
+    assert_eq!(resumed.metrics_history.len(), 2);
+    assert_eq!(
+        latest(&resumed, "model.safetensors"),
+        latest(&expected, "model.safetensors")
     );
 }
