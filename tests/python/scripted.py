@@ -4,18 +4,69 @@ Config keys: ``epochs`` (reports, one an epoch; 2), ``fail_at`` (raise
 ZeroDivisionError at that epoch unless resumed), ``checkpoint_every``
 (report a checkpoint holding the epoch every n epochs; none). Every epoch
 all-reduces a host tensor of the rank's number (mean) and reports it.
+
+Hostile behaviour, before the first epoch, on the ranks listed in
+``ranks`` (default every rank): ``alloc_mb`` (hold that many MiB),
+``spin`` (loop forever), ``sleep_s`` (sleep that long), ``flood`` (print
+that many bytes as fast as it can), ``escape`` (try ways out of the
+sandbox; print how each ended, one line each).
 """
 
 import os
+import time
 
 import trainhost
 from trainhost import Tensor
+
+
+def attempt(what, action):
+    """Run one escape attempt and print how it ended."""
+    try:
+        result = action()
+        print(f"{what}: allowed {result!r}")
+    except trainhost.TrainhostError as e:
+        print(f"{what}: refused by the host: {e}")
+    except OSError as e:
+        print(f"{what}: refused: {type(e).__name__}")
+
+
+def escape():
+    attempt("read /etc/passwd", lambda: open("/etc/passwd").read(10))
+    attempt("list /", lambda: sorted(os.listdir("/")))
+    attempt("read ../..", lambda: sorted(os.listdir(os.path.join(trainhost.scratch_dir(), "../.."))))
+    ckpt = os.path.join(trainhost.scratch_dir(), "ckpt")
+    os.makedirs(ckpt, exist_ok=True)
+    attempt("symlink out", lambda: os.symlink("/etc", os.path.join(ckpt, "etc")))
+    for path in [ckpt + "/../../etc", "/etc", "/"]:
+        attempt(f"report {path}", lambda: trainhost.report({"loss": 1.0}, path))
+
+
+def misbehave(cfg, rank):
+    if rank not in cfg.get("ranks", [rank]):
+        return
+    held = None
+    if "alloc_mb" in cfg:
+        held = bytearray(cfg["alloc_mb"] << 20)
+        print(f"allocated {len(held) >> 20} MiB")
+    if cfg.get("spin"):
+        while True:
+            pass
+    if "sleep_s" in cfg:
+        time.sleep(cfg["sleep_s"])
+    if "flood" in cfg:
+        line = "x" * 1023
+        for _ in range(cfg["flood"] // 1024):
+            print(line)
+    if cfg.get("escape"):
+        escape()
+    return held
 
 
 @trainhost.entry
 def train():
     cfg = trainhost.config()
     rank = trainhost.world_rank()
+    held = misbehave(cfg, rank)
     start = 0
     restored = trainhost.get_checkpoint()
     if restored is not None:

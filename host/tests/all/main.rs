@@ -24,6 +24,7 @@ mod persistence;
 mod preemption;
 mod protocol;
 mod python;
+mod python_hostile;
 mod report;
 mod restore;
 mod resume;

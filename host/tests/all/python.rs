@@ -3,7 +3,8 @@
 //! reports, host tensors and their all-reduce, a Python exception failing
 //! the run with its traceback, and a crash resumed from a checkpoint; the
 //! digits example in Python (examples/digits-python) reaching the Rust
-//! example's parameters bit for bit. The
+//! example's parameters bit for bit (`python_hostile.rs`: the same guest
+//! misbehaving). The
 //! build installs componentize-py from PyPI on first use; without it the
 //! tests are skipped, saying so, unless TRAINHOST_REQUIRE_PYTHON=1 (CI).
 
@@ -14,8 +15,8 @@ use std::sync::{Arc, OnceLock};
 use serde_json::json;
 use tempfile::TempDir;
 use trainhost::{
-    FailureConfig, FailureKind, MaxFailures, MetricValue, RunConfig, ScalingConfig, TrainResult,
-    Trainer,
+    FailureConfig, FailureKind, MaxFailures, MetricValue, ResourceLimits, RunConfig, ScalingConfig,
+    TrainResult, Trainer,
 };
 use trainhost_test_artifacts::DIGITS_MLP;
 
@@ -76,6 +77,22 @@ fn train(
     config: serde_json::Value,
     max_failures: u32,
 ) -> (TrainResult, Arc<Lines>, TempDir) {
+    train_limited(
+        guest,
+        workers,
+        config,
+        max_failures,
+        ResourceLimits::default(),
+    )
+}
+
+pub(crate) fn train_limited(
+    guest: &str,
+    workers: u32,
+    config: serde_json::Value,
+    max_failures: u32,
+    limits: ResourceLimits,
+) -> (TrainResult, Arc<Lines>, TempDir) {
     let storage = tempfile::tempdir().unwrap();
     let lines = Arc::new(Lines::default());
     let result = Trainer::builder(guest)
@@ -89,6 +106,7 @@ fn train(
             failure_config: FailureConfig {
                 max_failures: MaxFailures::Limited(max_failures),
             },
+            limits,
             ..Default::default()
         })
         .output(lines.clone())
@@ -99,7 +117,7 @@ fn train(
     (result, lines, storage)
 }
 
-fn run(
+pub(crate) fn run(
     workers: u32,
     config: serde_json::Value,
     max_failures: u32,
