@@ -8,7 +8,9 @@ in host tensors; each global minibatch of ``batch_size`` images is dealt out
 to the ranks (rank r takes every ``world_size``-th image from the r-th on),
 the gradient sums are all-reduced in one round and divided by the batch
 size, so every rank takes the same step whatever the number of ranks. The
-maths runs in the host at native speed: Python only orchestrates.
+images go to the host once, as one tensor, and each minibatch is gathered
+there (``gather_rows``): the maths and the data's bytes stay in the host at
+native speed, and Python only orchestrates.
 
 Data split, initial weights, data order, kernels and files are those of the
 Rust example, so the two reach the same parameters bit for bit, and each can
@@ -59,6 +61,7 @@ def _read_digits():
 
 
 IMAGES, LABELS = _read_digits()
+PIXELS_FLAT = [p for image in IMAGES for p in image]
 
 
 class Rng:
@@ -152,7 +155,7 @@ class Model:
         Tensor.save(os.path.join(directory, "model.safetensors"), dict(zip(NAMES, self.params)))
         Tensor.save(os.path.join(directory, "optimizer.safetensors"), dict(zip(NAMES, self.velocity)))
 
-    def pass_(self, indexes, train):
+    def pass_(self, images, indexes, train):
         """Forward over ``indexes``; with ``train`` the summed loss's
         gradients too. Returns the loss and the correct predictions."""
         rows = len(indexes)
@@ -164,7 +167,7 @@ class Model:
             self.dz = Tensor.zeros([rows, CLASSES])
             self.dh = Tensor.zeros([rows, self.hidden])
         w1, b1, w2, b2 = self.params
-        self.x.assign([p for i in indexes for p in IMAGES[i]])
+        self.x.gather_rows(images, indexes)
         self.h.gemm(1.0, self.x, w1)
         self.h.add_row(b1)
         self.h.activate("relu")
@@ -181,12 +184,12 @@ class Model:
             gb1.sum_rows(self.dh)
         return loss, correct
 
-    def step(self, batch, rank, world, lr, momentum):
+    def step(self, images, batch, rank, world, lr, momentum):
         """This rank's share of ``batch``, the gradients summed over the
         ranks in one all-reduce, and one SGD step along their mean."""
         share = batch[rank::world]
         if share:
-            loss, correct = self.pass_(share, True)
+            loss, correct = self.pass_(images, share, True)
         else:
             for g in self.grads:
                 g.scale(0.0)
@@ -249,13 +252,15 @@ def train():
         params = initial(hidden, seed)
         model = Model(hidden, params, {n: Tensor.zeros(p.shape) for n, p in params.items()})
 
+    # Every image, in the host: minibatches are gathered there.
+    images = Tensor.from_list([len(LABELS), PIXELS], PIXELS_FLAT)
     lr, momentum, size = cfg["lr"], cfg["momentum"], cfg["batch_size"]
     if cfg["bench_steps"] is not None:
         batch = training[:size]
-        model.step(batch, rank, world, lr, momentum)
+        model.step(images, batch, rank, world, lr, momentum)
         started = time.perf_counter()
         for _ in range(cfg["bench_steps"]):
-            model.step(batch, rank, world, lr, momentum)
+            model.step(images, batch, rank, world, lr, momentum)
         per_step = (time.perf_counter() - started) / max(cfg["bench_steps"], 1)
         trainhost.report({"step_seconds": per_step})
         return
@@ -268,11 +273,11 @@ def train():
         loss = correct = 0
         for at in range(0, len(order), size):
             batch = [training[k] for k in order[at:at + size]]
-            l, c = model.step(batch, rank, world, lr, momentum)
+            l, c = model.step(images, batch, rank, world, lr, momentum)
             loss += l
             correct += c
         seconds = time.perf_counter() - started
-        val_loss, val_correct = model.pass_(validation[rank::world], False)
+        val_loss, val_correct = model.pass_(images, validation[rank::world], False)
         totals = trainhost.all_reduce([loss, correct, val_loss, val_correct], "sum", "f64")
         train_loss, train_correct, val_loss, val_correct = totals
         digests = trainhost.all_gather(model.digest())

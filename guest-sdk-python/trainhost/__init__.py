@@ -259,6 +259,11 @@ class Tensor:
         """self = alpha * op(a) @ op(b) + beta * self."""
         _call(_tensors.gemm, self._t, alpha, a._t, trans_a, b._t, trans_b, beta)
 
+    def gather_rows(self, source: "Tensor", rows: Sequence[int]) -> None:
+        """Row k of self = row ``rows[k]`` of ``source``: a minibatch taken
+        from a dataset kept in the host."""
+        _call(_tensors.gather_rows, self._t, source._t, list(rows))
+
     def axpy(self, alpha: float, x: "Tensor") -> None:
         _call(_tensors.axpy, self._t, alpha, x._t)
 

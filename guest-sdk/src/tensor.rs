@@ -2,7 +2,7 @@
 //! native speed while the loop stays in the guest (WIT interface
 //! `tensors`, since `trainhost:train@0.1.3`; Adam, [`all_reduce`] of
 //! several tensors, [`Tensor::broadcast`], [`save`] and [`load`] since
-//! 0.1.4).
+//! 0.1.4; [`Tensor::gather_rows`] since 0.1.5).
 //!
 //! A [`Tensor`] is f32, row-major, of rank 1 (`[n]`) or 2
 //! (`[rows, cols]`). Its values stay in the host: build it from a slice
@@ -152,6 +152,13 @@ impl Tensor {
     /// `self = alpha * self`.
     pub fn scale(&mut self, alpha: f32) {
         wit::scale(&self.0, alpha);
+    }
+
+    /// Row k of `self` (`[rows.len(), cols]`) = row `rows[k]` of `source`
+    /// (`[n, cols]`): a minibatch taken from a dataset kept in the host,
+    /// its values never crossing into the guest. Since 0.1.5.
+    pub fn gather_rows(&mut self, source: &Tensor, rows: &[u32]) -> Result<(), TensorError> {
+        Ok(wit::gather_rows(&self.0, &source.0, rows)?)
     }
 
     /// Add `row` (`[cols]`) to every row of `self` (`[rows, cols]`).

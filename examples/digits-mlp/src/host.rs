@@ -2,7 +2,9 @@
 //! backward passes as GEMMs and element-wise kernels in the host, at native
 //! speed, with the parameters, the optimizer's momentum and the gradients
 //! kept there: the gradients are all-reduced and the checkpoints written
-//! and read by the host. The guest owns the loop and the data.
+//! and read by the host. The images are copied into the host once
+//! ([`HostSet`]) and each minibatch gathered there; the guest owns the loop
+//! and the order of the data.
 
 use std::error::Error;
 use std::path::Path;
@@ -12,6 +14,22 @@ use trainhost_guest::tensor::{self, Activation, Tensor, TensorError};
 
 use crate::data::{CLASSES, PIXELS, Set};
 use crate::model::{Layout, Tally};
+
+/// A set's images as one host tensor (`[images, 64]`), and its labels.
+pub struct HostSet {
+    images: Tensor,
+    labels: Vec<u32>,
+}
+
+impl HostSet {
+    pub fn new(set: &Set) -> Result<Self, TensorError> {
+        let pixels: Vec<f32> = set.images.iter().flatten().copied().collect();
+        Ok(Self {
+            images: Tensor::from_slice(&[set.len() as u32, PIXELS as u32], &pixels)?,
+            labels: set.labels.iter().map(|&l| u32::from(l)).collect(),
+        })
+    }
+}
 
 /// Parameters, momentum and gradients, in the layout's order (w1, b1, w2,
 /// b2), and the activations of the last batch.
@@ -114,8 +132,8 @@ impl HostModel {
     /// gradients too, into the gradient tensors.
     pub fn pass(
         &mut self,
-        set: &Set,
-        indexes: &[usize],
+        set: &HostSet,
+        indexes: &[u32],
         train: bool,
     ) -> Result<Tally, TensorError> {
         let rows = indexes.len();
@@ -131,12 +149,11 @@ impl HostModel {
             });
         }
         let b = self.batch.as_mut().expect("made above");
-        let pixels: Vec<f32> = indexes.iter().flat_map(|&i| set.images[i]).collect();
-        let labels: Vec<u32> = indexes.iter().map(|&i| u32::from(set.labels[i])).collect();
+        let labels: Vec<u32> = indexes.iter().map(|&i| set.labels[i as usize]).collect();
         let [w1, b1, w2, b2] = &self.params[..] else {
             unreachable!("four tensors")
         };
-        b.x.assign(&pixels)?;
+        b.x.gather_rows(&set.images, indexes)?;
         b.h.gemm(1.0, &b.x, false, w1, false, 0.0)?;
         b.h.add_row(b1)?;
         b.h.activate(Activation::Relu);

@@ -51,7 +51,7 @@ use trainhost_guest::{Checkpoint, Metrics};
 
 use checkpoint::{State, read_state, read_tensors, save, write_tensors};
 use data::Set;
-use host::HostModel;
+use host::{HostModel, HostSet};
 use model::{Layout, Tally};
 
 #[derive(Deserialize)]
@@ -116,7 +116,7 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
     let resumed = start > 0;
     // With `kernels`, the model lives in host tensors, and the host reads
     // and writes its checkpoints (the same files either way).
-    let (mut on_host, params, velocity) = match (&checkpoint, config.kernels) {
+    let (on_host, params, velocity) = match (&checkpoint, config.kernels) {
         (Some(c), true) => (Some(HostModel::load(c.path(), &layout)?), vec![], vec![]),
         (Some(c), false) => {
             let dir = c.path();
@@ -135,6 +135,15 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
                 false => (None, params, velocity),
             }
         }
+    };
+    // The sets' images go to the host once; minibatches are gathered there.
+    let mut on_host = match on_host {
+        Some(model) => Some(OnHost {
+            model,
+            train: HostSet::new(&train_set)?,
+            validation: HostSet::new(&validation)?,
+        }),
+        None => None,
     };
     let mut in_guest = InGuest {
         params,
@@ -165,7 +174,7 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
         let mut mine = Tally::default();
         for batch in order.chunks(config.batch_size) {
             let t = match &mut on_host {
-                Some(model) => host_step(model, &train_set, batch, &config)?,
+                Some(on) => host_step(on, &on_host_batch(batch), &config)?,
                 None => guest_step(&mut in_guest, &layout, &train_set, batch, &config)?,
             };
             mine.loss += t.loss;
@@ -173,10 +182,13 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
         }
         let seconds = started.elapsed().as_secs_f64();
         let val = match &mut on_host {
-            Some(model) => {
-                in_guest.params = model.parameters();
-                let share: Vec<usize> = (rank..validation.len()).step_by(world).collect();
-                model.pass(&validation, &share, false)?
+            Some(on) => {
+                in_guest.params = on.model.parameters();
+                let share: Vec<u32> = (rank..validation.len())
+                    .step_by(world)
+                    .map(|i| i as u32)
+                    .collect();
+                on.model.pass(&on.validation, &share, false)?
             }
             None => evaluate(&layout, &mut in_guest, &validation, rank, world),
         };
@@ -216,7 +228,7 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
             }
             let dir = trainhost_guest::scratch_dir().join("checkpoint");
             Ok(Some(save(&dir, &state, |dir| match &on_host {
-                Some(model) => Ok(model.save(dir)?),
+                Some(on) => Ok(on.model.save(dir)?),
                 None => {
                     let m = &in_guest;
                     write_tensors(&dir.join("model.safetensors"), &layout, &m.params)?;
@@ -287,20 +299,29 @@ fn guest_step(
     Ok(mine)
 }
 
-/// [`guest_step`] on host kernels.
-fn host_step(
-    model: &mut HostModel,
-    set: &Set,
-    batch: &[usize],
-    config: &Config,
-) -> Result<Tally, Box<dyn Error>> {
+/// The model on host kernels and the sets' images in host tensors.
+struct OnHost {
+    model: HostModel,
+    train: HostSet,
+    validation: HostSet,
+}
+
+/// Indexes of a batch as the host's `gather-rows` takes them.
+fn on_host_batch(batch: &[usize]) -> Vec<u32> {
+    batch.iter().map(|&i| i as u32).collect()
+}
+
+/// [`guest_step`] on host kernels, the batch gathered from the training
+/// images in the host.
+fn host_step(on: &mut OnHost, batch: &[u32], config: &Config) -> Result<Tally, Box<dyn Error>> {
     let (rank, world) = rank_and_world();
-    let share: Vec<usize> = batch.iter().copied().skip(rank).step_by(world).collect();
+    let model = &mut on.model;
+    let share: Vec<u32> = batch.iter().copied().skip(rank).step_by(world).collect();
     let mine = if share.is_empty() {
         model.zero_gradients();
         Tally::default()
     } else {
-        model.pass(set, &share, true)?
+        model.pass(&on.train, &share, true)?
     };
     model.all_reduce_gradients()?;
     model.step(1.0 / batch.len() as f32, config.lr, config.momentum)?;
@@ -319,7 +340,7 @@ fn rank_and_world() -> (usize, usize) {
 /// the seconds per step: what the benchmarks compare with the same step
 /// run natively.
 fn bench(
-    on_host: &mut Option<HostModel>,
+    on_host: &mut Option<OnHost>,
     in_guest: &mut InGuest,
     layout: &Layout,
     set: &Set,
@@ -329,7 +350,7 @@ fn bench(
     let batch: Vec<usize> = (0..config.batch_size.min(set.len())).collect();
     let mut step = || -> Result<Tally, Box<dyn Error>> {
         match on_host {
-            Some(model) => host_step(model, set, &batch, config),
+            Some(on) => host_step(on, &on_host_batch(&batch), config),
             None => guest_step(in_guest, layout, set, &batch, config),
         }
     };

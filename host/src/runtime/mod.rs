@@ -36,7 +36,7 @@ use rank::RankState;
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// The WIT package version this host implements, for messages.
-pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.4";
+pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.5";
 
 /// A guest compiled once and ready to instantiate for any number of ranks.
 pub(crate) struct GuestComponent {

@@ -162,6 +162,17 @@ impl tensors::Host for RankState {
         })
     }
 
+    fn gather_rows(
+        &mut self,
+        out: Resource<Tensor>,
+        source: Resource<Tensor>,
+        rows: Vec<u32>,
+    ) -> Answer<()> {
+        self.with_output(&out, &[&source], |out, source| {
+            kernels::gather_rows(out, source[0], &rows)
+        })
+    }
+
     fn axpy(&mut self, y: Resource<Tensor>, alpha: f32, x: Resource<Tensor>) -> Answer<()> {
         self.with_output(&y, &[&x], |y, x| kernels::axpy(y, alpha, x[0]))
     }

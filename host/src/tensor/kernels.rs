@@ -146,6 +146,29 @@ pub fn scale(x: &mut Tensor, alpha: f32) {
     x.data.iter_mut().for_each(|v| *v *= alpha);
 }
 
+/// `out`'s k-th row = row `rows[k]` of `source`.
+pub fn gather_rows(out: &mut Tensor, source: &Tensor, rows: &[u32]) -> Result<(), TensorError> {
+    let (n, cols) = source.matrix("source")?;
+    if out.shape != [rows.len(), cols] {
+        return Err(TensorError::Shape(format!(
+            "gather-rows: {} rows of a source with {cols} columns need out of shape [{}, {cols}], not {:?}",
+            rows.len(),
+            rows.len(),
+            out.shape
+        )));
+    }
+    if let Some((k, r)) = rows.iter().enumerate().find(|(_, r)| **r as usize >= n) {
+        return Err(TensorError::Invalid(format!(
+            "gather-rows: rows[{k}] is {r}, and the source has {n} rows"
+        )));
+    }
+    for (dst, &r) in out.data.chunks_exact_mut(cols.max(1)).zip(rows) {
+        let at = r as usize * cols;
+        dst.copy_from_slice(&source.data[at..at + cols]);
+    }
+    Ok(())
+}
+
 /// Add `row` to every row of `x`.
 pub fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
     let (_, cols) = x.matrix("x")?;

@@ -193,6 +193,38 @@ fn a_long_gemm_stops_between_blocks_when_asked() {
 }
 
 #[test]
+fn gather_rows_copies_the_named_rows_and_refuses_bad_indexes() {
+    let source = t(&[5, 3], 1);
+    let mut out = Tensor::zeros(&[4, 3]).unwrap();
+    gather_rows(&mut out, &source, &[4, 0, 4, 2]).unwrap();
+    for (k, r) in [4, 0, 4, 2].into_iter().enumerate() {
+        assert_eq!(
+            &out.values()[k * 3..k * 3 + 3],
+            &source.values()[r * 3..r * 3 + 3]
+        );
+    }
+    let before = out.clone();
+    let e = gather_rows(&mut out, &source, &[0, 1, 5, 2]).unwrap_err();
+    assert!(
+        matches!(&e, TensorError::Invalid(m) if m.contains("rows[2] is 5")),
+        "{e:?}"
+    );
+    assert!(matches!(
+        gather_rows(&mut out, &source, &[0, 1]),
+        Err(TensorError::Shape(_))
+    ));
+    assert!(matches!(
+        gather_rows(&mut out, &t(&[5, 4], 1), &[0, 1, 2, 3]),
+        Err(TensorError::Shape(_))
+    ));
+    assert_eq!(
+        out.values(),
+        before.values(),
+        "a refused call changes nothing"
+    );
+}
+
+#[test]
 fn the_element_wise_kernels_match_their_definitions() {
     let x = t(&[3, 4], 1);
     let mut y = t(&[3, 4], 2);

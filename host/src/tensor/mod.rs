@@ -13,8 +13,8 @@ mod kernels;
 mod random;
 
 pub use kernels::{
-    Activation, AdamStep, activate, activate_backward, adam, add_row, axpy, gemm, scale,
-    sgd_momentum, softmax_cross_entropy, sum_rows,
+    Activation, AdamStep, activate, activate_backward, adam, add_row, axpy, gather_rows, gemm,
+    scale, sgd_momentum, softmax_cross_entropy, sum_rows,
 };
 
 /// The threads the kernels of one of `local_ranks` ranks on this host may
