@@ -19,7 +19,8 @@ use anyhow::Result;
 use clap::Parser;
 
 use groups::{
-    blocked, burn, cli, collective, nodes, persist, ranks, report, restart, s3, sgd, tensors,
+    blocked, burn, cli, collective, nodes, persist, python, ranks, report, restart, s3, sgd,
+    tensors,
 };
 
 #[derive(Parser, Debug)]
@@ -33,8 +34,8 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
     /// Run only the groups whose names contain one of these words
-    /// (report, persist, blocked, restart, cli, sgd, burn, tensors, s3,
-    /// ranks, collective, nodes).
+    /// (report, persist, blocked, restart, cli, sgd, burn, tensors,
+    /// python, s3, ranks, collective, nodes).
     #[arg(long, value_name = "GROUP")]
     only: Vec<String>,
     /// The `trainhost` binary for the CLI measures. Default: next to this
@@ -98,6 +99,19 @@ fn main() -> Result<()> {
     }
     if want("tensors") {
         rows.extend(tensors::tensors(args.quick, reps)?);
+    }
+    if want("python") {
+        if !bin.exists() {
+            skipped.push(format!(
+                "python: no trainhost binary at {} (build it with `cargo build --release -p trainhost`)",
+                bin.display()
+            ));
+        } else {
+            match python::python(&bin, args.quick, reps) {
+                Ok(r) => rows.extend(r),
+                Err(e) => skipped.push(format!("python: {e:#}")),
+            }
+        }
     }
     if want("s3") {
         match s3::s3(args.quick, reps) {

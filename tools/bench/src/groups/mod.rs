@@ -6,6 +6,7 @@ pub(crate) mod cli;
 pub(crate) mod collective;
 pub(crate) mod nodes;
 pub(crate) mod persist;
+pub(crate) mod python;
 pub(crate) mod ranks;
 pub(crate) mod report;
 pub(crate) mod restart;
