@@ -9,7 +9,7 @@ use trainhost::{
 };
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::util::Lines;
+use crate::util::{Lines, metric};
 
 fn train(workers: u32, config: serde_json::Value, max_failures: u32) -> TrainResult {
     let storage = tempfile::tempdir().unwrap();
@@ -33,15 +33,6 @@ fn train(workers: u32, config: serde_json::Value, max_failures: u32) -> TrainRes
         .unwrap();
     assert!(result.error.is_none(), "{:?}", result.error);
     result
-}
-
-fn metric(result: &TrainResult, name: &str) -> f64 {
-    result
-        .metrics
-        .as_ref()
-        .and_then(|m| m.get(name))
-        .and_then(MetricValue::as_f64)
-        .unwrap_or_else(|| panic!("no {name} in {:?}", result.metrics))
 }
 
 #[test]

@@ -15,12 +15,12 @@ use std::sync::{Arc, OnceLock};
 use serde_json::json;
 use tempfile::TempDir;
 use trainhost::{
-    FailureConfig, FailureKind, MaxFailures, MetricValue, ResourceLimits, RunConfig, ScalingConfig,
-    TrainResult, Trainer,
+    FailureConfig, FailureKind, MaxFailures, ResourceLimits, RunConfig, ScalingConfig, TrainResult,
+    Trainer,
 };
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::util::Lines;
+use crate::util::{Lines, metric};
 
 /// A Python loop built into a component, once per test run: `script`
 /// (from the repository's top) with `paths` on its Python path.
@@ -187,15 +187,6 @@ fn a_crashed_python_loop_resumes_from_its_checkpoint() {
             .iter()
             .any(|(_, _, l)| l == "rank 0 resumes at epoch 2")
     );
-}
-
-fn metric(result: &TrainResult, name: &str) -> f64 {
-    result
-        .metrics
-        .as_ref()
-        .and_then(|m| m.get(name))
-        .and_then(MetricValue::as_f64)
-        .unwrap_or_else(|| panic!("no {name} in {:?}", result.metrics))
 }
 
 /// The bytes of `file` in the run's latest checkpoint.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use trainhost::{
-    OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer, TrainerBuilder,
+    MetricValue, OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer, TrainerBuilder,
 };
 
 pub use trainhost_test_artifacts::{LINEAR_REGRESSION, QUICKSTART, TEST_GUEST};
@@ -161,6 +161,16 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
             state as u8
         })
         .collect()
+}
+
+/// A numeric metric of the run's last report.
+pub fn metric(result: &TrainResult, name: &str) -> f64 {
+    result
+        .metrics
+        .as_ref()
+        .and_then(|m| m.get(name))
+        .and_then(MetricValue::as_f64)
+        .unwrap_or_else(|| panic!("no {name} in {:?}", result.metrics))
 }
 
 /// The metrics history a run stored (`metrics.jsonl`): per line, the

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use trainhost::{MetricValue, OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer};
+use trainhost::{
+    Interruption, MetricValue, OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer,
+};
 use trainhost_test_artifacts::BENCH_GUEST;
 
 /// One line of the results: a measure, its baseline and the goal.
@@ -146,6 +148,28 @@ pub(crate) fn local_run(storage: &Path) -> RunConfig {
         storage_path: storage.display().to_string(),
         fresh: true,
         ..RunConfig::default()
+    }
+}
+
+/// The time of a training step a digits example reports with
+/// `bench_steps` (1 rank, default interruption), in ns.
+pub(crate) fn step_ns(guest: &str, config: Value, storage: &Path) -> Result<f64> {
+    let result = Trainer::builder(guest)
+        .train_loop_config(config)
+        .scaling_config(ScalingConfig { num_workers: 1 })
+        .run_config(RunConfig {
+            interruption: Interruption::Anywhere,
+            ..local_run(storage)
+        })
+        .output(Arc::new(Lines::default()))
+        .build()?
+        .fit()?;
+    if let Some(e) = &result.error {
+        bail!("{guest} failed: {e}");
+    }
+    match result.metrics.as_ref().and_then(|m| m.get("step_seconds")) {
+        Some(s) => Ok(MetricValue::as_f64(s).unwrap_or(f64::NAN) * 1e9),
+        None => bail!("{guest} reported no step_seconds"),
     }
 }
 

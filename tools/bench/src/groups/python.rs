@@ -5,14 +5,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use serde_json::{Value, json};
-use trainhost::{Interruption, MetricValue, RunConfig, ScalingConfig, Trainer};
+use serde_json::json;
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::common::{Lines, Paired, Row, Unit, local_run, time_command};
+use crate::common::{Paired, Row, Unit, step_ns, time_command};
 use crate::goals;
 
 /// The example's step and a larger one, with steps a sample (about a
@@ -50,27 +48,6 @@ fn build(out: &Path) -> Result<PathBuf> {
         );
     }
     Ok(out.to_owned())
-}
-
-/// Seconds per step the example reports with `bench_steps`, in ns.
-fn step_ns(guest: &str, config: Value, storage: &Path) -> Result<f64> {
-    let result = Trainer::builder(guest)
-        .train_loop_config(config)
-        .scaling_config(ScalingConfig { num_workers: 1 })
-        .run_config(RunConfig {
-            interruption: Interruption::Anywhere,
-            ..local_run(storage)
-        })
-        .output(Arc::new(Lines::default()))
-        .build()?
-        .fit()?;
-    if let Some(e) = &result.error {
-        bail!("{guest} failed: {e}");
-    }
-    match result.metrics.as_ref().and_then(|m| m.get("step_seconds")) {
-        Some(s) => Ok(MetricValue::as_f64(s).unwrap_or(f64::NAN) * 1e9),
-        None => bail!("{guest} reported no step_seconds"),
-    }
 }
 
 fn steps(python: &str, quick: bool, reps: usize) -> Result<Vec<Row>> {

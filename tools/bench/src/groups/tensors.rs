@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use serde_json::{Value, json};
 use trainhost::bench::tensor::{self as k, Activation, Tensor};
-use trainhost::{Interruption, MetricValue, RunConfig, ScalingConfig, Trainer};
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::common::{Lines, Paired, Row, local_run, metric, run_guest};
+use crate::common::{Paired, Row, local_run, metric, run_guest, step_ns};
 use crate::goals;
 
 /// The digits example's model and batch, and a larger one where the
@@ -41,25 +40,7 @@ fn mlp(quick: bool, reps: usize) -> Result<Vec<Row>> {
     let (set, _) = digits_burn::load(0, 200).map_err(anyhow::Error::msg)?;
     let threads = k::threads_per_rank(1);
     let storage = tempfile::tempdir()?;
-    let example = |config: Value| -> Result<f64> {
-        let result = Trainer::builder(DIGITS_MLP)
-            .train_loop_config(config)
-            .scaling_config(ScalingConfig { num_workers: 1 })
-            .run_config(RunConfig {
-                interruption: Interruption::Anywhere,
-                ..local_run(storage.path())
-            })
-            .output(Arc::new(Lines::default()))
-            .build()?
-            .fit()?;
-        if let Some(e) = &result.error {
-            bail!("the digits example failed: {e}");
-        }
-        match result.metrics.as_ref().and_then(|m| m.get("step_seconds")) {
-            Some(s) => Ok(MetricValue::as_f64(s).unwrap_or(f64::NAN) * 1e9),
-            None => bail!("the digits example reported no step_seconds"),
-        }
-    };
+    let example = |config: Value| step_ns(DIGITS_MLP, config, storage.path());
     let mut rows = Vec::new();
     for (hidden, batch, what, [steps, guest_steps]) in MLP {
         let (steps, guest_steps) = match quick {
