@@ -265,11 +265,12 @@ mod tests {
 
     fn fresh(seed: u64) -> (Linear<B>, impl Optimizer<Linear<B>, B>) {
         let device = Default::default();
-        crate::seed::<B>(&device, seed);
-        (
-            LinearConfig::new(3, 2).init(&device),
-            AdamConfig::new().init(),
-        )
+        crate::seeded_init(&device, seed, |device| {
+            (
+                LinearConfig::new(3, 2).init(device),
+                AdamConfig::new().init(),
+            )
+        })
     }
 
     fn step<O: Optimizer<Linear<B>, B>>(model: Linear<B>, optim: &mut O) -> Linear<B> {

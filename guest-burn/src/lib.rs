@@ -80,3 +80,24 @@ pub use error::Error;
 pub use parallel::{all_reduce_gradients, check_in_sync, parameters_digest, seed};
 #[cfg(feature = "dataset")]
 pub use shard::Shard;
+
+/// Burn's backends keep one random generator per process and draw a
+/// parameter's initial values at its first use, not when the module is built.
+/// Tests that seed the generator and build a model therefore hold this lock
+/// until every parameter has been read once (the digest reads them all);
+/// otherwise a test on another thread can reseed or draw halfway through.
+#[cfg(test)]
+pub(crate) fn seeded_init<B: burn::tensor::backend::Backend, M: burn::module::Module<B>, T>(
+    device: &B::Device,
+    seed: u64,
+    init: impl FnOnce(&B::Device) -> (M, T),
+) -> (M, T) {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _held = LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    parallel::seed::<B>(device, seed);
+    let (model, rest) = init(device);
+    parameters_digest(&model).expect("a freshly built model's parameters are readable");
+    (model, rest)
+}

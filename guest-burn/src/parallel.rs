@@ -13,7 +13,9 @@ use crate::Error;
 
 /// Seed `B`'s random number generator on `device`. Call it with the same
 /// seed on every rank before building the model: burn's initializers then
-/// draw the same initial parameters everywhere.
+/// draw the same initial parameters everywhere. (Burn draws a parameter's
+/// values at its first use, not when the module is built; the same program
+/// on every rank uses them in the same order, so they still agree.)
 pub fn seed<B: Backend>(device: &B::Device, seed: u64) {
     B::seed(device, seed);
 }
@@ -220,8 +222,10 @@ mod tests {
 
     fn model(seed_with: u64) -> Linear<B> {
         let device = Default::default();
-        seed::<B>(&device, seed_with);
-        LinearConfig::new(3, 2).init(&device)
+        crate::seeded_init(&device, seed_with, |device| {
+            (LinearConfig::new(3, 2).init(device), ())
+        })
+        .0
     }
 
     fn gradients(model: &Linear<B>) -> GradientsParams {
