@@ -42,7 +42,15 @@ NARROW = {
     # (and the types its calls take and return), and nothing of how
     # checkpoints are written, recorded or read.
     "runtime": {
-        "attempt": {"RankHandle", "RankEnd", "Refused", "Aborted", "Reported", "HandOver"},
+        "attempt": {
+            "RankHandle",
+            "RankEnd",
+            "Refused",
+            "Aborted",
+            "Reported",
+            "HandOver",
+            "Inode",
+        },
         "persist": set(),
         "ledger": set(),
         "record": set(),

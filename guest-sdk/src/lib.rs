@@ -163,7 +163,9 @@ impl Checkpoint {
     }
 
     /// Hand the directory's files over to the host when reported, instead
-    /// of letting it copy them (Ray's `delete_local_checkpoint_after_upload`):
+    /// of lending them (by default the host links the files and gives the
+    /// loop a copy of any it writes again before they are persisted; Ray's
+    /// `delete_local_checkpoint_after_upload`):
     /// [`report`] moves the directory out of the sandbox in one rename and
     /// returns without reading a byte, however large the checkpoint; the
     /// directory is empty when it returns, whatever became of the report.
@@ -245,9 +247,11 @@ pub fn preemption_requested() -> bool {
 /// bytes.
 ///
 /// When this returns, the checkpoint directory may be deleted, reused or
-/// rewritten in place. A checkpoint made with [`Checkpoint::hand_over`] is
-/// not copied but moved: `report` then returns at once, with the directory
-/// empty.
+/// rewritten in place: the host took the files without copying them (hard
+/// links), and a file the loop opens for writing before they are persisted
+/// is first replaced by a copy of its own. A checkpoint made with
+/// [`Checkpoint::hand_over`] is moved instead: `report` then returns with
+/// the directory empty.
 pub fn report(metrics: impl Into<Metrics>, checkpoint: Option<Checkpoint>) -> Result<(), Error> {
     let metrics = Into::<Metrics>::into(metrics).to_wit();
     let Some(checkpoint) = checkpoint else {

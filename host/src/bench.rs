@@ -69,7 +69,7 @@ pub fn persist_directory(
         let persisted = persist(&dest, &plan, None).await?;
         if durability == Durability::OnDisk {
             let files = persisted.0.iter().map(|e| e.path.clone()).collect();
-            dest.sync_uploads(files, false).await?;
+            dest.sync_uploads(files).await?;
         }
         Ok::<_, Error>(persisted)
     })?;

@@ -1,5 +1,6 @@
 //! What a rank may do with its attempt: the runtime's only view of it.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use crate::collective::{Call, CollectiveError, Delivered};
 use crate::config::{NotAScore, human_bytes};
 use crate::failure::RunFailure;
 use crate::metrics::Metrics;
-use crate::persist::{CaptureError, Collision, HandedOver, capture};
+use crate::persist::{CaptureError, Collision, HandedOver, Inode, capture};
 
 /// A report the guest gets back as an error; the run goes on, and a
 /// refusal before the ranks meet does not count as the rank's report.
@@ -57,6 +58,8 @@ pub(crate) struct Reported<'a> {
     /// Set when the guest hands the directory over: called once its files
     /// are listed and accepted, so a refused directory stays where it is.
     pub hand_over: Option<HandOver<'a>>,
+    /// The files the rank holds open for writing (see `persist::lend`).
+    pub open_for_writing: HashSet<Inode>,
 }
 
 /// How a rank ended.
@@ -91,6 +94,25 @@ impl RankHandle {
     /// The rank showed a sign of life (an output line, say).
     pub fn alive(&self) {
         self.attempt.supervisor.alive(self.rank);
+    }
+
+    /// Whether any of the ranks' files may be lent to a snapshot now (one
+    /// atomic load): when not, a write concerns no snapshot.
+    pub fn may_have_lent(&self) -> bool {
+        self.attempt.lent.maybe_any()
+    }
+
+    /// The rank is about to open `path` below `dir` for writing: if it is
+    /// a file lent to a snapshot, give the rank a copy of its own first
+    /// (see `persist::lend`).
+    pub fn before_write(
+        &self,
+        dir: &Dir,
+        path: &str,
+        follow: bool,
+        truncate: bool,
+    ) -> std::io::Result<()> {
+        self.attempt.lent.before_write(dir, path, follow, truncate)
     }
 
     /// Whether the rank must stop now. Cheap: read on every epoch tick.
@@ -134,9 +156,11 @@ impl RankHandle {
             dir,
             shown,
             hand_over,
+            open_for_writing,
         } = reported;
         // Named by world rank: manifests and collisions speak of those.
         let mut captured = capture(self.attempt.world_rank(self.rank), dir, shown)?;
+        captured.open_for_writing = open_for_writing;
         let bytes: u64 = captured.files.iter().map(|(_, size)| size).sum();
         if let Some(limit) = self.attempt.limits.max_checkpoint_bytes
             && bytes > limit

@@ -51,6 +51,9 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+/// A file's identity (device, inode), as `Reported` lists the files a rank
+/// holds open for writing.
+pub(crate) use crate::persist::Inode;
 pub(crate) use gate::Aborted;
 pub(crate) use handle::{HandOver, RankEnd, RankHandle, Refused, Reported};
 pub(crate) use restore::RestoreCache;
@@ -69,6 +72,7 @@ use crate::config::Retention;
 use crate::executor::{self, IdleWait, LocalFuture};
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::Ledger;
+use crate::persist::{Lent, Snapshots};
 use crate::preemption::Preemption;
 use crate::storage::Storage;
 
@@ -168,6 +172,8 @@ struct Shared {
     handle: Handle,
     /// See [`AttemptSetup::handed_over`].
     handed_over: PathBuf,
+    /// The ranks' files lent to snapshots.
+    lent: Arc<Lent>,
     /// Directories handed over so far, to name the next one.
     handed_over_count: AtomicU64,
     /// Reports completed in this attempt.
@@ -199,6 +205,13 @@ impl Attempt {
             limits,
             handle,
         } = setup;
+        // The guest files the ranks' snapshots hold: every rank's writes
+        // check it (see `persist::lend`).
+        let lent = Arc::new(Lent::default());
+        let snapshots = snapshots.map(|root| Snapshots {
+            root,
+            lent: Arc::clone(&lent),
+        });
         // Every node's ranks, for manifests.
         let job_size = span.as_ref().map_or(world_size, |s| s.layout.world_size());
         let (recorder, shipper) = match (&records, &span) {
@@ -245,6 +258,7 @@ impl Attempt {
                 limits,
                 handle,
                 handed_over,
+                lent,
                 handed_over_count: AtomicU64::new(0),
                 completed: AtomicU64::new(0),
                 preempt_after: OnceLock::new(),

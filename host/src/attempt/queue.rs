@@ -79,15 +79,13 @@ pub(super) struct Job {
     pub done: Option<oneshot::Sender<Result<(), RecordFailed>>>,
 }
 
-/// A checkpoint planned (and in the background mode, snapshotted or
-/// uploaded) but not yet committed.
+/// A checkpoint planned (and in the background mode, snapshotted) but not
+/// yet committed.
 pub(super) struct Pending {
     pub index: u64,
     pub plan: Plan,
     /// The snapshot to remove once persisted.
     pub snapshot: Option<PathBuf>,
-    /// Set when the files are in storage already; only the commit is left.
-    pub uploaded: Option<Uploaded>,
     /// Other nodes' files of the checkpoint, to wait for before the commit.
     pub remote: Option<Remote>,
     /// The one permit to persist a checkpoint, released when this drops.

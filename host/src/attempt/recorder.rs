@@ -5,13 +5,12 @@
 //! [`Recorder::record_plan`], its ranks' files merged (collisions refused
 //! to the guests before), and then:
 //!
-//! - in the background mode (the default), the planned files are copied to
-//!   a local snapshot and `report` returns; the task uploads and commits the
-//!   snapshot. On local storage a snapshot would cost as much as writing
-//!   the files, so they are written to their place in storage before
-//!   `report` returns, left in the page cache, and the task flushes them
-//!   to disk and commits them. Either way the guests may change their
-//!   directories at once (R8).
+//! - in the background mode (the default), the planned files are taken
+//!   into a local snapshot and `report` returns; the task uploads (or
+//!   writes and flushes) and commits the snapshot. Taking them costs no
+//!   copy: they are hard-linked and lent (`persist::lend`), and a guest
+//!   that writes one of them later gets a copy of its own, so the guests
+//!   may change their directories at once (R8).
 //! - files a rank handed over (`report-handing-over`) were moved out of its
 //!   sandbox before it arrived: nothing is copied for them, and when every
 //!   file of a report was handed over `report` returns at once, in either
@@ -35,7 +34,6 @@
 //! `report` (or the watcher, or the end of the attempt) fails the run with
 //! it, and everything committed before stays as it was.
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -46,7 +44,7 @@ use super::queue::{Job, Message, Pending, RecordFailed, Remote, Shared};
 use super::writer::{delete_dropped, write_reports};
 use crate::ledger::{Assigned, Ledger};
 use crate::metrics::Metrics;
-use crate::persist::{self, Plan};
+use crate::persist::{self, Plan, Snapshots};
 use crate::record::layout;
 
 /// Reports that may wait to be written before `report` waits too.
@@ -56,7 +54,7 @@ const QUEUE: usize = 1024;
 #[derive(Debug)]
 pub(crate) struct Recorder {
     /// Where snapshots go in the background mode; `None` blocks instead.
-    snapshots: Option<PathBuf>,
+    snapshots: Option<Snapshots>,
     ledger: Arc<Ledger>,
     handle: Handle,
     queue: mpsc::Sender<Message>,
@@ -75,7 +73,7 @@ impl Recorder {
     pub fn start(
         ledger: Arc<Ledger>,
         world_size: u32,
-        snapshots: Option<PathBuf>,
+        snapshots: Option<Snapshots>,
         handle: Handle,
     ) -> Self {
         let (queue, rx) = mpsc::channel(QUEUE);
@@ -142,44 +140,32 @@ impl Recorder {
                     self.handle.block_on(self.ledger.clear(index))?;
                     remote.announce(index);
                 }
-                let clear = remote.is_none();
-                let (plan, snapshot, uploaded) = match &self.snapshots {
+                let (plan, snapshot) = match &self.snapshots {
                     // Every file was handed over: no guest can change them,
                     // so the writing task persists them from where they are.
-                    Some(_) if plan.files.iter().all(|f| f.host_owned) => (plan, None, None),
-                    // On local storage, writing the files to their place
-                    // costs what a snapshot would (a copy, in parallel,
-                    // hashed on the way; unchanged files only hashed and
-                    // linked): write them now, leaving them in the page
-                    // cache, and leave flushing them to disk and the commit
-                    // to the writing task.
-                    Some(_) if self.ledger.is_local() => {
-                        match self
-                            .handle
-                            .block_on(self.ledger.upload(index, &plan, false, clear))
-                        {
-                            Ok(uploaded) => (plan, None, Some(uploaded)),
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    Some(root) => {
-                        let dir = root.join(layout::checkpoint_dir_name(index));
+                    Some(_) if plan.files.iter().all(|f| f.host_owned) => (plan, None),
+                    // Lent (linked) into a snapshot while the guests wait,
+                    // which costs no copy; hashed, written and flushed by
+                    // the writing task. (Writing them to their place in
+                    // local storage now, unflushed, kept a guest waiting
+                    // for a copy of every byte.)
+                    Some(snapshots) => {
+                        let dir = snapshots.root.join(layout::checkpoint_dir_name(index));
                         let _ = std::fs::remove_dir_all(&dir);
-                        match persist::snapshot(plan, &dir) {
-                            Ok(plan) => (plan, Some(dir), None),
+                        match persist::snapshot(plan, &dir, &snapshots.lent) {
+                            Ok(plan) => (plan, Some(dir)),
                             Err(e) => {
                                 let _ = std::fs::remove_dir_all(&dir);
                                 return Err(e.into());
                             }
                         }
                     }
-                    None => (plan, None, None),
+                    None => (plan, None),
                 };
                 Some(Pending {
                     index,
                     plan,
                     snapshot,
-                    uploaded,
                     remote,
                     _slot: slot,
                 })
@@ -293,6 +279,9 @@ mod tests {
     }
 
     fn capture(rank: u32, dir: &std::path::Path, bytes: &[u8]) -> Capture {
+        // A new file each time: the snapshot may still hold the last one
+        // lent, and only a guest's writes (through WASI) get a copy first.
+        let _ = std::fs::remove_file(dir.join("w.bin"));
         std::fs::write(dir.join("w.bin"), bytes).unwrap();
         let handle = cap_std::fs::Dir::open_ambient_dir(dir, cap_std::ambient_authority()).unwrap();
         persist::capture(rank, handle, "ckpt").unwrap()
@@ -314,7 +303,10 @@ mod tests {
             };
             let ledger = open(&rt, &storage, keep_one);
             let work = tempfile::tempdir().unwrap();
-            let snapshots = background.then(|| work.path().join("snapshots"));
+            let snapshots = background.then(|| Snapshots {
+                root: work.path().join("snapshots"),
+                lent: Arc::default(),
+            });
             let recorder = Arc::new(Recorder::start(
                 Arc::clone(&ledger),
                 1,

@@ -6,10 +6,9 @@
 //! node has said its files are durable (`Persisted`). This node's part
 //! follows the same modes as node 0's recorder (R8):
 //!
-//! - in the background mode, `report` returns once the files are copied
-//!   out of the guests' reach (a snapshot; on local storage, written to
-//!   their place and left in the page cache), and a task uploads or
-//!   flushes them and tells node 0;
+//! - in the background mode, `report` returns once the files are out of
+//!   the guests' reach (a snapshot they are lent to, `persist::lend`), and
+//!   a task uploads or writes and flushes them and tells node 0;
 //! - in the blocking mode, the files are persisted and flushed before the
 //!   node goes on with the round; node 0 commits before any rank returns.
 //!
@@ -27,7 +26,7 @@ use super::queue::RecordFailed;
 use crate::cluster::Link;
 use crate::cluster::wire::{Header, Message, Shipped};
 use crate::error::Error;
-use crate::persist::{self, Plan};
+use crate::persist::{self, Plan, Snapshots};
 use crate::record::layout;
 use crate::storage::Storage;
 
@@ -38,7 +37,7 @@ pub(super) struct Shipper {
     /// The run's directory in storage.
     run: Storage,
     /// Where snapshots go in the background mode; `None` blocks instead.
-    snapshots: Option<PathBuf>,
+    snapshots: Option<Snapshots>,
     link: Arc<Link>,
     attempt: u64,
     handle: Handle,
@@ -51,7 +50,7 @@ pub(super) struct Shipper {
 impl Shipper {
     pub fn new(
         run: Storage,
-        snapshots: Option<PathBuf>,
+        snapshots: Option<Snapshots>,
         link: Arc<Link>,
         attempt: u64,
         handle: Handle,
@@ -97,31 +96,19 @@ impl Shipper {
             lock(&self.failed).get_or_insert(failed).clone()
         };
         match &self.snapshots {
-            None => self
-                .handle
-                .block_on(job.finish(plan, None, None))
-                .map_err(fail),
+            None => self.handle.block_on(job.finish(plan, None)).map_err(fail),
             Some(_) if plan.files.iter().all(|f| f.host_owned) => {
-                self.spawn(job.finish(plan, None, None));
+                self.spawn(job.finish(plan, None));
                 Ok(())
             }
-            // Written to their place now, as node 0 does on local storage:
-            // a snapshot would cost as much.
-            Some(_) if job.dest.local_path().is_some() => {
-                let unflushed = job.dest.clone().without_flush();
-                let written = self
-                    .handle
-                    .block_on(persist::persist(&unflushed, &plan, None))
-                    .map_err(fail)?;
-                self.spawn(job.finish(plan, Some(written.0), None));
-                Ok(())
-            }
-            Some(root) => {
-                let dir = root.join(format!("node-{}", layout::checkpoint_dir_name(checkpoint)));
+            Some(snapshots) => {
+                let dir = snapshots
+                    .root
+                    .join(format!("node-{}", layout::checkpoint_dir_name(checkpoint)));
                 let _ = std::fs::remove_dir_all(&dir);
-                match persist::snapshot(plan, &dir) {
+                match persist::snapshot(plan, &dir, &snapshots.lent) {
                     Ok(plan) => {
-                        self.spawn(job.finish(plan, None, Some(dir)));
+                        self.spawn(job.finish(plan, Some(dir)));
                         Ok(())
                     }
                     Err(e) => {
@@ -167,22 +154,13 @@ struct Job {
 }
 
 impl Job {
-    /// Persist `plan` (unless `written` says it is written already, not
-    /// yet flushed), make it durable and tell node 0. `snapshot` is
+    /// Persist `plan`, make it durable and tell node 0. `snapshot` is
     /// removed at the end.
-    async fn finish(
-        self,
-        plan: Plan,
-        written: Option<Vec<crate::record::FileEntry>>,
-        snapshot: Option<PathBuf>,
-    ) -> Result<(), Error> {
+    async fn finish(self, plan: Plan, snapshot: Option<PathBuf>) -> Result<(), Error> {
         let result = async {
-            let (files, flush) = match written {
-                Some(files) => (files, true),
-                None => (persist::persist(&self.dest, &plan, None).await?.0, false),
-            };
+            let files = persist::persist(&self.dest, &plan, None).await?.0;
             let paths = files.iter().map(|f| f.path.clone()).collect();
-            self.dest.sync_uploads(paths, flush).await?;
+            self.dest.sync_uploads(paths).await?;
             Ok::<_, Error>(files)
         }
         .await;

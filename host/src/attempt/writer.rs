@@ -147,8 +147,8 @@ impl Writer {
 }
 
 impl Writer {
-    /// Upload the checkpoint's files (unless they are already), wait for
-    /// the other nodes' if any, and commit.
+    /// Upload the checkpoint's files, wait for the other nodes' if any, and
+    /// commit.
     async fn commit(
         &self,
         report_index: u64,
@@ -156,15 +156,8 @@ impl Writer {
         pending: &mut Pending,
     ) -> Result<Committed, RecordFailed> {
         let index = pending.index;
-        let mut uploaded = match pending.uploaded.take() {
-            Some(uploaded) => uploaded,
-            None => {
-                let clear = pending.remote.is_none();
-                self.ledger
-                    .upload(index, &pending.plan, true, clear)
-                    .await?
-            }
-        };
+        let clear = pending.remote.is_none();
+        let mut uploaded = self.ledger.upload(index, &pending.plan, clear).await?;
         let mut ranks = pending.plan.ranks.clone();
         if let Some(remote) = pending.remote.take() {
             let waited = tokio::task::spawn_blocking(move || {

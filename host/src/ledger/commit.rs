@@ -16,9 +16,6 @@ use crate::record::{CheckpointRecord, FileEntry, Manifest, layout, ranking};
 pub(crate) struct Uploaded {
     files: Vec<FileEntry>,
     stats: PersistStats,
-    /// Whether local files were flushed to disk as they were written;
-    /// otherwise the commit flushes them.
-    flushed: bool,
 }
 
 impl Uploaded {
@@ -83,34 +80,24 @@ impl Ledger {
     /// `checkpoint_index`'s directory, which nothing reads until
     /// [`Ledger::commit_uploaded`] writes its manifest. The previous
     /// checkpoint must be committed already (its files are linked).
-    /// Without `flush`, local files are left in the page cache and the
-    /// commit flushes them: for a caller that waits for the writes but not
-    /// for the disk. With `clear`, the directory is cleared first (see
+    /// Local files are flushed to disk as they are written. With `clear`, the directory is cleared first (see
     /// [`Ledger::clear`]); without, the caller cleared it, since other
     /// nodes may be writing their files into it.
     pub async fn upload(
         &self,
         checkpoint_index: u64,
         plan: &Plan,
-        flush: bool,
         clear: bool,
     ) -> Result<Uploaded, Error> {
-        let mut dest = self
+        let dest = self
             .storage
             .child(&layout::checkpoint_dir_name(checkpoint_index));
-        if !flush {
-            dest = dest.without_flush();
-        }
         if clear {
             self.clear(checkpoint_index).await?;
         }
         let previous = self.previous().await;
         let (files, stats) = persist(&dest, plan, previous).await?;
-        Ok(Uploaded {
-            files,
-            stats,
-            flushed: flush,
-        })
+        Ok(Uploaded { files, stats })
     }
 
     /// Steps 2 and 3 of a commit, for files [`Ledger::upload`] persisted
@@ -126,11 +113,7 @@ impl Ledger {
         world_size: u32,
         uploaded: Uploaded,
     ) -> Result<Committed, Error> {
-        let Uploaded {
-            files,
-            stats,
-            flushed,
-        } = uploaded;
+        let Uploaded { files, stats } = uploaded;
         let run_name = self.lock().state.run_name.clone();
         let dest = self
             .storage
@@ -149,7 +132,7 @@ impl Ledger {
         let json = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
         // The manifest is written after every file is durable (R11).
         let paths = manifest.files.iter().map(|f| f.path.clone()).collect();
-        dest.sync_uploads(paths, !flushed).await?;
+        dest.sync_uploads(paths).await?;
         // Created, never replaced: a host that lost the run cannot
         // overwrite a checkpoint the run's owner committed (R27).
         let json = Bytes::from(json);
@@ -270,13 +253,13 @@ mod tests {
         let work = tempfile::tempdir().unwrap();
         let stale = open(&rt, &storage);
         let stale_upload = rt
-            .block_on(stale.upload(0, &plan(work.path(), "stale"), true, true))
+            .block_on(stale.upload(0, &plan(work.path(), "stale"), true))
             .unwrap();
         // The new owner opens the run (writing its state) and commits.
         let owner = open(&rt, &storage);
         let metrics = Metrics::new();
         let uploaded = rt
-            .block_on(owner.upload(0, &plan(work.path(), "owner"), true, true))
+            .block_on(owner.upload(0, &plan(work.path(), "owner"), true))
             .unwrap();
         rt.block_on(owner.commit_uploaded(0, 0, &metrics, &[0], 1, uploaded))
             .unwrap();

@@ -115,11 +115,6 @@ impl Ledger {
         &self.retention
     }
 
-    /// Whether the run's storage is a local directory.
-    pub fn is_local(&self) -> bool {
-        self.storage.local_path().is_some()
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // Every mutation is a push or an assignment after the I/O, so a
         // lock poisoned by a panic still guards consistent data.

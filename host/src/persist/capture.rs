@@ -6,10 +6,12 @@
 //! followed or skipped: a checkpoint that silently lost a file would restore
 //! wrong.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use cap_std::fs::Dir;
 
+use super::lend::Inode;
 use crate::record::layout::RESERVED_DIR;
 
 /// Deeper directory trees than this are refused (a guard against guests
@@ -28,6 +30,9 @@ pub(crate) struct Capture {
     /// Set when the rank handed the directory over: `dir` is then the
     /// host's, moved out of the sandbox, and removed once persisted.
     pub handed_over: Option<HandedOver>,
+    /// The files the rank holds open for writing: a snapshot copies these
+    /// rather than linking them (see `lend`).
+    pub open_for_writing: HashSet<Inode>,
 }
 
 /// A directory a rank handed over, removed when dropped: once its
@@ -88,6 +93,7 @@ pub(crate) fn capture(rank: u32, dir: Dir, shown: &str) -> Result<Capture, Captu
         dir,
         files,
         handed_over: None,
+        open_for_writing: HashSet::new(),
     })
 }
 

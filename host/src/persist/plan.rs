@@ -2,15 +2,16 @@
 //! file list (R7), collisions refused, and a snapshot of the plan when the
 //! upload continues in the background (R8).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cap_std::fs::Dir;
 use sha2::{Digest, Sha256};
 
 use super::capture::{Capture, HandedOver};
+use super::lend::{Inode, Lent};
 use crate::error::Error;
 
 /// Why a report's files could not be planned.
@@ -79,6 +80,8 @@ pub(crate) struct PlannedFile {
     /// can change it any more.
     pub host_owned: bool,
     pub ranks: Vec<u32>,
+    /// The files `source`'s rank holds open for writing.
+    pub open_for_writing: Arc<HashSet<Inode>>,
 }
 
 /// The files of one checkpoint, sorted by path, and the ranks that
@@ -121,6 +124,7 @@ pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
                 dir: Arc::new(c.dir),
                 files: c.files,
                 host_owned,
+                open_for_writing: Arc::new(c.open_for_writing),
             }
         })
         .collect();
@@ -132,6 +136,7 @@ pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
                 dir: &c.dir,
                 size: *size,
                 host_owned: c.host_owned,
+                open_for_writing: &c.open_for_writing,
             });
         }
     }
@@ -146,6 +151,7 @@ pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
             source: Arc::clone(copies[0].dir),
             host_owned: copies[0].host_owned,
             ranks: copies.iter().map(|c| c.rank).collect(),
+            open_for_writing: Arc::clone(copies[0].open_for_writing),
         });
     }
     let mut ranks: Vec<u32> = captures.iter().map(|c| c.rank).collect();
@@ -163,6 +169,7 @@ struct Shared {
     dir: Arc<Dir>,
     files: Vec<(String, u64)>,
     host_owned: bool,
+    open_for_writing: Arc<HashSet<Inode>>,
 }
 
 /// One rank's copy of a path.
@@ -171,6 +178,7 @@ struct Copy<'a> {
     dir: &'a Arc<Dir>,
     size: u64,
     host_owned: bool,
+    open_for_writing: &'a Arc<HashSet<Inode>>,
 }
 
 fn check_identical(path: &str, copies: &[Copy<'_>]) -> Result<(), PlanError> {
@@ -227,16 +235,28 @@ pub(crate) fn sha256_of(dir: &Dir, path: &str) -> Result<String, Error> {
     Ok(hex::encode(hasher.finalize()))
 }
 
-/// Copy the plan's files below `staging` (a host directory that must not
-/// exist yet) and point the plan at the copies, so the guests may change
-/// their directories as soon as `report` returns (R8).
+/// Where the background mode's snapshots go, and the record of the guest
+/// files they hold lent.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshots {
+    /// A host directory on the file system of the ranks' scratch
+    /// directories (links cannot cross file systems).
+    pub root: PathBuf,
+    pub lent: Arc<Lent>,
+}
+
+/// Take the plan's files below `staging` (a host directory that must not
+/// exist yet, on the guests' file system) and point the plan at them, so
+/// the guests may change their directories as soon as `report` returns
+/// (R8).
 ///
-/// A hard link would not do: a guest that rewrites a file in place (open
-/// with truncate, then write) changes the linked copy too. `std::io::copy`
-/// between files uses `copy_file_range`, which the kernel turns into a
-/// reflink (no data copied) on filesystems that share extents (XFS, Btrfs)
-/// and an in-kernel copy elsewhere.
-pub(crate) fn snapshot(plan: Plan, staging: &Path) -> Result<Plan, Error> {
+/// Each file is hard-linked and lent (see `lend`): no bytes are copied
+/// while the guest waits, and a guest that later opens the file to write
+/// gets a copy of its own. A file its rank holds open for writing, or one
+/// that cannot be linked, is copied: `std::io::copy` between files uses
+/// `copy_file_range`, a reflink on filesystems that share extents (XFS,
+/// Btrfs) and an in-kernel copy elsewhere.
+pub(crate) fn snapshot(plan: Plan, staging: &Path, lent: &Lent) -> Result<Plan, Error> {
     let io_err = |path: &Path, operation, source| Error::Io {
         path: path.to_path_buf(),
         operation,
@@ -248,6 +268,7 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path) -> Result<Plan, Error> {
         Dir::open_ambient_dir(staging, cap_std::ambient_authority())
             .map_err(|e| io_err(staging, "open the checkpoint snapshot directory", e))?,
     );
+    let mut parents = Parents::default();
     let mut files = Vec::with_capacity(plan.files.len());
     for file in plan.files {
         if file.host_owned {
@@ -256,30 +277,46 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path) -> Result<Plan, Error> {
             continue;
         }
         let target = staging.join(&file.path);
-        if let Some((parent, _)) = file.path.rsplit_once('/') {
-            root.create_dir_all(parent)
-                .map_err(|e| io_err(&target, "create a snapshot directory", e))?;
-        }
-        let mut from = file
-            .source
-            .open(&file.path)
-            .map_err(|e| io_err(Path::new(&file.path), "open a checkpoint file", e))?
-            .into_std();
-        let mut to = root
-            .create(&file.path)
-            .map_err(|e| io_err(&target, "create a snapshot file", e))?
-            .into_std();
-        let copied = std::io::copy(&mut from, &mut to)
-            .map_err(|e| io_err(&target, "copy a checkpoint file into the snapshot", e))?;
-        if copied != file.size {
-            return Err(io_err(
+        let (parent, name) = file.path.rsplit_once('/').unwrap_or(("", &file.path));
+        let (from, to) = parents
+            .get(&file.source, &root, parent)
+            .map_err(|e| io_err(&target, "open a checkpoint directory", e))?;
+        let changed = |size| {
+            io_err(
                 Path::new(&file.path),
                 "snapshot a checkpoint file",
                 std::io::Error::other(format!(
-                    "it holds {copied} bytes, {} when listed: the guest changed it during report",
+                    "it holds {size} bytes, {} when listed: the guest changed it during report",
                     file.size
                 )),
-            ));
+            )
+        };
+        // By name in its directory, never following a link: the capture
+        // refused links, and nothing the guests do runs meanwhile.
+        let stat = rustix::fs::statat(from, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| io_err(Path::new(&file.path), "inspect a checkpoint file", e.into()))?;
+        if stat.st_size as u64 != file.size {
+            return Err(changed(stat.st_size as u64));
+        }
+        let id: Inode = (stat.st_dev, stat.st_ino);
+        let linked = !file.open_for_writing.contains(&id)
+            && rustix::fs::linkat(from, name, to, name, rustix::fs::AtFlags::empty()).is_ok();
+        if linked {
+            lent.record(id);
+        } else {
+            let mut source = from
+                .open(name)
+                .map_err(|e| io_err(Path::new(&file.path), "open a checkpoint file", e))?
+                .into_std();
+            let mut copy = to
+                .create(name)
+                .map_err(|e| io_err(&target, "create a snapshot file", e))?
+                .into_std();
+            let copied = std::io::copy(&mut source, &mut copy)
+                .map_err(|e| io_err(&target, "copy a checkpoint file into the snapshot", e))?;
+            if copied != file.size {
+                return Err(changed(copied));
+            }
         }
         files.push(PlannedFile {
             source: Arc::clone(&root),
@@ -292,4 +329,37 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path) -> Result<Plan, Error> {
         ranks: plan.ranks,
         handed_over: plan.handed_over,
     })
+}
+
+/// The directories a snapshot links between, each opened once: a rank's
+/// directory holding files and its counterpart in the snapshot. Linking by
+/// name inside opened directories costs two system calls a file, where
+/// resolving each path from the top (as `cap_std` does, safely, for any
+/// path) costs several per path component.
+#[derive(Default)]
+struct Parents {
+    /// By source directory (its address) and parent path.
+    opened: std::collections::HashMap<(usize, String), (Dir, Dir)>,
+}
+
+impl Parents {
+    fn get(
+        &mut self,
+        source: &Arc<Dir>,
+        root: &Dir,
+        parent: &str,
+    ) -> std::io::Result<(&Dir, &Dir)> {
+        let key = (Arc::as_ptr(source) as usize, parent.to_owned());
+        if !self.opened.contains_key(&key) {
+            let opened = if parent.is_empty() {
+                (source.try_clone()?, root.try_clone()?)
+            } else {
+                root.create_dir_all(parent)?;
+                (source.open_dir(parent)?, root.open_dir(parent)?)
+            };
+            self.opened.insert(key.clone(), opened);
+        }
+        let (from, to) = &self.opened[&key];
+        Ok((from, to))
+    }
 }

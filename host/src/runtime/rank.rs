@@ -14,6 +14,7 @@ use super::limits::{LimitHit, MemoryLimiter, OutputBudget};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
 use super::trap;
+use super::writes::{OpenForWriting, WatchesWrites};
 use crate::attempt::{Aborted, HandOver, RankEnd, RankHandle, Refused, Reported};
 use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
@@ -58,6 +59,8 @@ pub(crate) struct RankState {
     pub(super) memory: MemoryLimiter,
     /// A collective call told the guest that the run is stopping.
     pub(super) told_to_stop: bool,
+    /// The files the guest opened for writing (see `writes`).
+    pub(super) writers: OpenForWriting,
 }
 
 /// A rank's sandbox could not be set up.
@@ -87,6 +90,15 @@ impl WasiView for RankState {
             ctx: &mut self.wasi,
             table: &mut self.table,
         }
+    }
+}
+
+impl WatchesWrites for RankState {
+    fn attempt(&self) -> &RankHandle {
+        &self.attempt
+    }
+    fn open_for_writing(&mut self) -> &mut OpenForWriting {
+        &mut self.writers
     }
 }
 
@@ -171,6 +183,10 @@ impl RankState {
         if let Err(refused) = self.attempt.check_metrics(&metrics) {
             return Ok(Err(report_error(refused)));
         }
+        let open_for_writing = match checkpoint {
+            Some(_) => self.writers.inodes(),
+            None => Default::default(),
+        };
         let sandbox = &self.sandbox;
         let move_out =
             |path: &str, to: &Path| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -183,6 +199,7 @@ impl RankState {
                     dir,
                     shown: path.as_str(),
                     hand_over: hand_over.then_some(&move_out as HandOver<'_>),
+                    open_for_writing,
                 }),
                 Err(e) => return Ok(Err(ReportError::InvalidCheckpoint(e.to_string()))),
             },
@@ -316,6 +333,7 @@ fn build_state(
         attempt,
         kernel_threads: crate::tensor::threads_per_rank(info.local_world_size),
         told_to_stop: false,
+        writers: OpenForWriting::default(),
     })
 }
 

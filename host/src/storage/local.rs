@@ -156,39 +156,6 @@ fn create(target: &Path) -> Result<File, Error> {
     ))
 }
 
-/// Threads flushing files written without a flush ([`sync_files`]).
-const FLUSHING_THREADS: usize = 8;
-
-/// Flush `files`, written without a flush, to disk, several at a time: a
-/// file's flush is mostly waiting for the disk.
-pub(super) fn sync_files(files: &[PathBuf]) -> Result<(), Error> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let flush = || -> Result<(), Error> {
-        loop {
-            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(path) = files.get(i) else {
-                return Ok(());
-            };
-            let io_err = |source| Error::Io {
-                path: path.clone(),
-                operation: "flush a checkpoint file to disk",
-                source,
-            };
-            File::open(path)
-                .and_then(|f| f.sync_data())
-                .map_err(io_err)?;
-        }
-    };
-    std::thread::scope(|s| {
-        let threads: Vec<_> = (0..FLUSHING_THREADS.min(files.len()))
-            .map(|_| s.spawn(flush))
-            .collect();
-        threads
-            .into_iter()
-            .try_for_each(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-    })
-}
-
 /// Flush the directory entries of a checkpoint's files (below `root`,
 /// the checkpoint's directory) to disk: every directory from each file's
 /// up to `root`, and `root`'s parent, which names it. The files' contents

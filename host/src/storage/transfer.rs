@@ -29,9 +29,8 @@ impl Storage {
     /// A manifest must not be written before (R11). Object stores, and
     /// `object_store`'s own local writes, are durable when their call
     /// returns. A local checkpoint file is flushed by the task that wrote
-    /// it, unless it was written [`Storage::without_flush`]: then
-    /// `flush_files` flushes them here. Then the directories naming them.
-    pub async fn sync_uploads(&self, files: Vec<String>, flush_files: bool) -> Result<(), Error> {
+    /// it; this flushes the directories naming them.
+    pub async fn sync_uploads(&self, files: Vec<String>) -> Result<(), Error> {
         let Some(local) = &self.local else {
             return Ok(());
         };
@@ -49,9 +48,6 @@ impl Storage {
             .path_to_filesystem(&self.root)
             .map_err(|e| self.error("flush the checkpoint directory".into(), e))?;
         blocking(&self.url, "flush checkpoint files", move || {
-            if flush_files {
-                local::sync_files(&paths)?;
-            }
             local::sync_directories(&dir, &paths)
         })
         .await

@@ -58,6 +58,84 @@ fn the_guest_may_change_its_directory_as_soon_as_report_returns() {
     }
 }
 
+/// The background mode takes the files without copying them (hard links
+/// lent to the host, `persist::lend`): whatever way the guest writes them
+/// afterwards (in place, appending, truncating, through a handle it held
+/// open across `report`, through another hard link of its own), the
+/// checkpoint holds what `report` saw (R8), and the guest sees its writes.
+#[test]
+fn a_checkpoint_keeps_its_bytes_however_the_guest_writes_them_after_report() {
+    for background in [true, false] {
+        let steps = json!([
+            {"write": "ck/a", "text": "first-a"},
+            {"write": "ck/b", "text": "first-b"},
+            {"write": "ck/c", "text": "first-c"},
+            {"write": "ck/d", "text": "first-d"},
+            {"write": "ck/sub/n", "text": "first-n"},
+            {"write": "ck/big", "bytes": 3_000_000, "seed": 7},
+            {"hold": "ck/e"},
+            {"write_held": "ck/e", "text": "e1"},
+            {"report": {"epoch": 0}, "checkpoint": "ck"},
+            {"patch": "ck/a", "text": "XX"},
+            {"append": "ck/b", "text": "+more"},
+            {"write": "ck/c", "text": "second"},
+            {"write_held": "ck/e", "text": "e2"},
+            {"hardlink": "other", "target": "ck/d"},
+            {"patch": "other", "text": "ZZ"},
+            {"patch": "ck/big", "text": "overwritten"},
+            {"patch": "ck/sub/n", "text": "YY"},
+            {"report": {"epoch": 1}, "checkpoint": "ck"},
+            {"release": "ck/e"},
+        ]);
+        let run = run_persisting(1, steps, background);
+        run.assert_ok();
+        assert!(run.stdout(0).iter().any(|l| l == "hardlink made"));
+        let dir = run.dir();
+        let read =
+            |p: &str| String::from_utf8_lossy(&std::fs::read(dir.join(p)).unwrap()).into_owned();
+        let first = [
+            ("a", "first-a"),
+            ("b", "first-b"),
+            ("c", "first-c"),
+            ("d", "first-d"),
+            ("e", "e1"),
+            ("sub/n", "first-n"),
+        ];
+        for (name, want) in first {
+            assert_eq!(
+                read(&format!("checkpoint_000000/{name}")),
+                want,
+                "{name}, background={background}"
+            );
+        }
+        assert_eq!(
+            std::fs::read(dir.join("checkpoint_000000/big")).unwrap(),
+            pseudo_random(3_000_000, 7)
+        );
+        let second = [
+            ("a", "XXrst-a"),
+            ("b", "first-b+more"),
+            ("c", "second"),
+            ("e", "e1e2"),
+            ("sub/n", "YYrst-n"),
+        ];
+        for (name, want) in second {
+            assert_eq!(
+                read(&format!("checkpoint_000001/{name}")),
+                want,
+                "{name}, background={background}"
+            );
+        }
+        assert!(read("checkpoint_000001/big").starts_with("overwritten"));
+        for c in ["checkpoint_000000", "checkpoint_000001"] {
+            Checkpoint::open(dir.join(c).to_str().unwrap())
+                .unwrap()
+                .verify()
+                .unwrap();
+        }
+    }
+}
+
 /// Many reports without a checkpoint in a row: every one is recorded, in
 /// order, although the history file is written fewer times.
 #[test]

@@ -33,7 +33,8 @@
 //! - `{"until_preempted": true}`: report `i` = 0, 1, .. until preemption is
 //!   requested, then report a checkpoint holding `final` and return
 //!
-//! - the collective steps listed in `collective.rs`
+//! - the collective steps listed in `collective.rs`, the file steps in
+//!   `files.rs`
 //!
 //! A step with `"when_attempt": [..]` runs only when the restored
 //! checkpoint's `attempt` file holds one of those numbers (0 without one);
@@ -41,6 +42,7 @@
 //! report metrics the strings "NaN", "inf" and "-inf" stand for floats.
 
 mod collective;
+mod files;
 mod tensors;
 
 use std::fs;
@@ -98,7 +100,7 @@ fn text(step: &Map<String, Value>, key: &str, vars: &Vars) -> Option<String> {
     })
 }
 
-fn scratch_path(p: &str) -> PathBuf {
+pub(crate) fn scratch_path(p: &str) -> PathBuf {
     let p = Path::new(p);
     if p.is_absolute() {
         p.to_path_buf()
@@ -110,7 +112,10 @@ fn scratch_path(p: &str) -> PathBuf {
 fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
     let rank = vars.rank;
     let io = |e: std::io::Error| e.to_string();
-    if collective::run(step, rank, |key| text(step, key, vars))? || tensors::run(step, rank)? {
+    if collective::run(step, rank, |key| text(step, key, vars))?
+        || files::run(|key| text(step, key, vars))?
+        || tensors::run(step, rank)?
+    {
         return Ok(());
     }
     if let Some(path) = text(step, "write", vars) {

@@ -1,5 +1,5 @@
 //! How long a guest waits in `report` with a checkpoint: handed over
-//! (`report-handing-over`), copied (the default `report`), and with
+//! (`report-handing-over`), lent (the default `report`), and with
 //! `--wait-for-upload`, on local storage and on S3.
 
 use std::sync::Arc;
@@ -84,8 +84,9 @@ fn run_once(target: &Target<'_>, total: u64, i: usize, mode: Mode) -> Result<Tim
 enum Mode {
     /// `--wait-for-upload`: the baseline.
     Waiting,
-    /// The default `report`: the host copies the files.
-    Copied,
+    /// The default `report`: the host links the files and lends them
+    /// (copy-on-write).
+    Lent,
     /// `report-handing-over`: the host moves the directory.
     HandedOver,
 }
@@ -93,16 +94,16 @@ enum Mode {
 /// The rows of one checkpoint size on `target`.
 pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Vec<Row>> {
     let (mut handed_first, mut handed_changed) = (Paired::default(), Paired::default());
-    let (mut copied_first, mut copied_changed) = (Paired::default(), Paired::default());
+    let (mut lent_first, mut lent_changed) = (Paired::default(), Paired::default());
     let mut unchanged = Paired::default();
     for i in 0..reps {
         let waiting = run_once(target, total, i, Mode::Waiting)?;
-        let copied = run_once(target, total, i, Mode::Copied)?;
+        let lent = run_once(target, total, i, Mode::Lent)?;
         let handed = run_once(target, total, i, Mode::HandedOver)?;
         handed_first.push(waiting.first, handed.first);
         handed_changed.push(waiting.changed, handed.changed);
-        copied_first.push(waiting.first, copied.first);
-        copied_changed.push(waiting.changed, copied.changed);
+        lent_first.push(waiting.first, lent.first);
+        lent_changed.push(waiting.changed, lent.changed);
         unchanged.push(waiting.first, waiting.unchanged);
     }
     let name = size_name(total);
@@ -141,16 +142,18 @@ pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Ve
             false,
         ),
         row(
-            &copied_first,
-            format!("guest blocked in `report`, new {name} checkpoint copied (default), {on}"),
+            &lent_first,
+            format!(
+                "guest blocked in `report`, new {name} checkpoint lent (default: linked, copy-on-write), {on}"
+            ),
             "--wait-for-upload",
             &goal,
             judged,
         ),
         row(
-            &copied_changed,
+            &lent_changed,
             format!(
-                "guest blocked in `report`, {name} checkpoint copied (default) again as soon as rewritten (one in flight), {on}"
+                "guest blocked in `report`, {name} checkpoint lent (default) again as soon as rewritten (one in flight), {on}"
             ),
             "--wait-for-upload",
             &back_pressure,

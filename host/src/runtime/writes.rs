@@ -1,0 +1,140 @@
+//! The guest's writes to files, as far as snapshots need to see them
+//! (`persist::lend`): WASI's `open-at` is wrapped so that opening a file a
+//! snapshot holds lent gives the guest its own copy first, and so that the
+//! files a rank holds open for writing are known when it reports.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+
+use cap_std::fs::Dir;
+use wasmtime::StoreContextMut;
+use wasmtime::component::{Linker, Resource};
+use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView};
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    self, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
+};
+use wasmtime_wasi::{OpenMode, WasiView};
+
+use crate::attempt::{Inode, RankHandle};
+
+/// The WASI interface whose `open-at` is wrapped, at the version
+/// wasmtime-wasi defines it (a guest importing an older 0.2 version is
+/// linked to it too). A test in `persistence.rs` fails if the wrapper is
+/// not the one guests call.
+const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+
+/// A rank's store data, as the wrapped `open-at` needs it.
+pub(crate) trait WatchesWrites: WasiView + 'static {
+    /// The rank's handle on its attempt, which knows the lent files.
+    fn attempt(&self) -> &RankHandle;
+    fn open_for_writing(&mut self) -> &mut OpenForWriting;
+}
+
+/// The files a rank opened for writing and may still hold open: a weak
+/// reference to each, which dies with the guest's last handle on it.
+#[derive(Default)]
+pub(crate) struct OpenForWriting {
+    files: Vec<Weak<std::fs::File>>,
+    /// The length at which closed files are dropped from `files`: twice
+    /// what was left the last time, so that the dropping costs a constant
+    /// per open however many files the guest keeps open.
+    prune_at: usize,
+}
+
+impl OpenForWriting {
+    fn track(&mut self, file: &Arc<std::fs::File>) {
+        if self.files.len() >= self.prune_at {
+            self.files.retain(|f| f.strong_count() > 0);
+            self.prune_at = (2 * self.files.len()).max(64);
+        }
+        self.files.push(Arc::downgrade(file));
+    }
+
+    /// The files still open, by inode.
+    pub fn inodes(&mut self) -> HashSet<Inode> {
+        self.files.retain(|f| f.strong_count() > 0);
+        self.files
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|f| f.metadata().ok())
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            })
+            .collect()
+    }
+}
+
+/// Replace wasmtime-wasi's `open-at` in `linker` (which has WASI in it
+/// already) by one that protects lent files and tracks writers, then calls
+/// wasmtime-wasi's own.
+pub(crate) fn wrap_open_at<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let result = linker.instance(FILESYSTEM_TYPES)?.func_wrap_async(
+        "[method]descriptor.open-at",
+        |store: StoreContextMut<'_, T>,
+         (fd, path_flags, path, open_flags, flags): (
+            Resource<Descriptor>,
+            PathFlags,
+            String,
+            OpenFlags,
+            DescriptorFlags,
+        )| Box::new(open_at(store, fd, path_flags, path, open_flags, flags)),
+    );
+    linker.allow_shadowing(false);
+    result
+}
+
+async fn open_at<T: WatchesWrites>(
+    mut store: StoreContextMut<'_, T>,
+    fd: Resource<Descriptor>,
+    path_flags: PathFlags,
+    path: String,
+    open_flags: OpenFlags,
+    flags: DescriptorFlags,
+) -> wasmtime::Result<(Result<Resource<Descriptor>, ErrorCode>,)> {
+    let state = store.data_mut();
+    let truncate = open_flags.contains(OpenFlags::TRUNCATE);
+    let writes = truncate || flags.contains(DescriptorFlags::WRITE);
+    if writes && let Err(e) = protect_lent(state, &fd, &path, path_flags, truncate) {
+        return Ok((Err(ErrorCode::from(&e)),));
+    }
+    let mut fs = state.filesystem();
+    let opened =
+        match HostDescriptor::open_at(&mut fs, fd, path_flags, path, open_flags, flags).await {
+            Ok(opened) => opened,
+            Err(e) => return Ok((Err(types::Host::convert_error_code(&mut fs, e)?),)),
+        };
+    if writes
+        && let Ok(Descriptor::File(file)) = fs.table.get(&opened)
+        && file.open_mode.contains(OpenMode::WRITE)
+    {
+        let file = Arc::clone(&file.file);
+        state.open_for_writing().track(&file);
+    }
+    Ok((Ok(opened),))
+}
+
+/// If `path` below the directory `fd` names a file lent to a snapshot,
+/// give the guest its own copy of it before it is opened for writing.
+/// Anything wrong with `fd` is left for wasmtime-wasi's `open-at` to
+/// report, and so are read-only directories (it refuses the write).
+fn protect_lent<T: WatchesWrites>(
+    state: &mut T,
+    fd: &Resource<Descriptor>,
+    path: &str,
+    path_flags: PathFlags,
+    truncate: bool,
+) -> std::io::Result<()> {
+    if !state.attempt().may_have_lent() {
+        return Ok(());
+    }
+    let dir = match state.ctx().table.get(fd) {
+        Ok(Descriptor::Dir(dir)) if !dir.perms.write_not_permitted() => {
+            Dir::from_std_file(dir.dir.try_clone()?)
+        }
+        _ => return Ok(()),
+    };
+    let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
+    state.attempt().before_write(&dir, path, follow, truncate)
+}
