@@ -93,6 +93,8 @@ pub(super) struct Pending {
 }
 
 impl Drop for Pending {
+    /// The snapshot goes first; the plan, dropped after, then releases the
+    /// guest files it held lent.
     fn drop(&mut self) {
         if let Some(dir) = &self.snapshot
             && let Err(e) = std::fs::remove_dir_all(dir)

@@ -164,10 +164,11 @@ impl Job {
             Ok::<_, Error>(files)
         }
         .await;
-        drop(plan);
+        // The snapshot first: the plan's files stay lent while it exists.
         if let Some(dir) = snapshot {
             let _ = std::fs::remove_dir_all(dir);
         }
+        drop(plan);
         let files = result?;
         self.link.send(
             0,

@@ -15,8 +15,8 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cap_std::fs::{Dir, Metadata, MetadataExt, OpenOptions};
 
@@ -45,6 +45,16 @@ impl Lent {
         let mut inodes = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
         inodes.insert(inode);
         self.any.store(true, Ordering::Release);
+    }
+
+    /// The files of one snapshot are no longer linked from it (it was
+    /// persisted and removed): the guests' writes no longer concern them.
+    fn release(&self, released: &[Inode]) {
+        let mut inodes = self.inodes.lock().unwrap_or_else(|e| e.into_inner());
+        for id in released {
+            inodes.remove(id);
+        }
+        self.any.store(!inodes.is_empty(), Ordering::Release);
     }
 
     /// Whether anything may be lent: when not, a write cannot concern a
@@ -118,6 +128,37 @@ impl Lent {
         }
         // The inode stays recorded: the guest may hold another link to it.
         Ok(())
+    }
+}
+
+/// The files one snapshot holds lent, released when dropped: after the
+/// snapshot's directory is removed. Keeps the record of lent files as
+/// small as the snapshots in flight (one checkpoint at a time), whatever
+/// the guest does with its files.
+#[derive(Debug)]
+pub(crate) struct LentFiles {
+    lent: Arc<Lent>,
+    inodes: Vec<Inode>,
+}
+
+impl LentFiles {
+    pub fn new(lent: Arc<Lent>) -> Self {
+        Self {
+            lent,
+            inodes: Vec::new(),
+        }
+    }
+
+    /// `inode` is now linked from this snapshot too.
+    pub fn add(&mut self, inode: Inode) {
+        self.lent.record(inode);
+        self.inodes.push(inode);
+    }
+}
+
+impl Drop for LentFiles {
+    fn drop(&mut self) {
+        self.lent.release(&self.inodes);
     }
 }
 
@@ -197,6 +238,19 @@ mod tests {
             .filter(|n| n.starts_with(".trainhost"))
             .collect();
         assert!(names.is_empty(), "no temporary file left: {names:?}");
+    }
+
+    /// A snapshot's files stop being lent when it is dropped.
+    #[test]
+    fn a_dropped_snapshot_releases_its_files() {
+        let lent = Arc::new(Lent::default());
+        let mut files = LentFiles::new(Arc::clone(&lent));
+        files.add((1, 2));
+        files.add((1, 3));
+        assert!(lent.maybe_any());
+        drop(files);
+        assert!(!lent.maybe_any());
+        assert!(lent.inodes.lock().unwrap().is_empty());
     }
 
     /// Once the snapshot's link is gone the file is the guest's alone and

@@ -11,7 +11,7 @@ use cap_std::fs::Dir;
 use sha2::{Digest, Sha256};
 
 use super::capture::{Capture, HandedOver};
-use super::lend::{Inode, Lent};
+use super::lend::{Inode, Lent, LentFiles};
 use crate::error::Error;
 
 /// Why a report's files could not be planned.
@@ -92,6 +92,9 @@ pub(crate) struct Plan {
     pub ranks: Vec<u32>,
     /// The directories ranks handed over, removed with the plan.
     pub handed_over: Vec<HandedOver>,
+    /// The guest files a snapshot of the plan links to, lent until the
+    /// plan is dropped (after the snapshot's directory is removed).
+    pub _lent: Option<LentFiles>,
 }
 
 impl Plan {
@@ -101,6 +104,7 @@ impl Plan {
             files: Vec::new(),
             ranks: Vec::new(),
             handed_over: Vec::new(),
+            _lent: None,
         }
     }
 
@@ -160,6 +164,7 @@ pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
         files,
         ranks,
         handed_over,
+        _lent: None,
     })
 }
 
@@ -256,7 +261,7 @@ pub(crate) struct Snapshots {
 /// that cannot be linked, is copied: `std::io::copy` between files uses
 /// `copy_file_range`, a reflink on filesystems that share extents (XFS,
 /// Btrfs) and an in-kernel copy elsewhere.
-pub(crate) fn snapshot(plan: Plan, staging: &Path, lent: &Lent) -> Result<Plan, Error> {
+pub(crate) fn snapshot(plan: Plan, staging: &Path, lent: &Arc<Lent>) -> Result<Plan, Error> {
     let io_err = |path: &Path, operation, source| Error::Io {
         path: path.to_path_buf(),
         operation,
@@ -269,6 +274,7 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path, lent: &Lent) -> Result<Plan, 
             .map_err(|e| io_err(staging, "open the checkpoint snapshot directory", e))?,
     );
     let mut parents = Parents::default();
+    let mut lent_files = LentFiles::new(Arc::clone(lent));
     let mut files = Vec::with_capacity(plan.files.len());
     for file in plan.files {
         if file.host_owned {
@@ -302,7 +308,7 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path, lent: &Lent) -> Result<Plan, 
         let linked = !file.open_for_writing.contains(&id)
             && rustix::fs::linkat(from, name, to, name, rustix::fs::AtFlags::empty()).is_ok();
         if linked {
-            lent.record(id);
+            lent_files.add(id);
         } else {
             let mut source = from
                 .open(name)
@@ -328,6 +334,7 @@ pub(crate) fn snapshot(plan: Plan, staging: &Path, lent: &Lent) -> Result<Plan, 
         files,
         ranks: plan.ranks,
         handed_over: plan.handed_over,
+        _lent: Some(lent_files),
     })
 }
 
