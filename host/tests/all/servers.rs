@@ -429,6 +429,12 @@ impl Proxy {
                 };
                 {
                     let mut live = st.live.lock().unwrap();
+                    if st.down.load(Ordering::SeqCst) {
+                        // Cut while this one was being accepted.
+                        let _ = client.shutdown(Shutdown::Both);
+                        let _ = server.shutdown(Shutdown::Both);
+                        continue;
+                    }
                     live.push(client.try_clone().unwrap());
                     live.push(server.try_clone().unwrap());
                 }
@@ -471,13 +477,22 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, budget: Option<Arc<ProxyState>>)
             Ok(n) => n,
         };
         if let Some(state) = &budget {
-            if state.down.load(Ordering::SeqCst) {
-                break;
-            }
-            state.sent.fetch_add(n as u64, Ordering::SeqCst);
-            if state.budget.fetch_sub(n as i64, Ordering::SeqCst) < n as i64 {
-                state.cut();
-                break;
+            // Gone, the server must not answer what it got of a request:
+            // a half-close would let it see a truncated body and reply
+            // `400 Bad Request` to a client that is still connected, which
+            // a server that went away never does.
+            let gone = state.down.load(Ordering::SeqCst) || {
+                state.sent.fetch_add(n as u64, Ordering::SeqCst);
+                let spent = state.budget.fetch_sub(n as i64, Ordering::SeqCst) < n as i64;
+                if spent {
+                    state.cut();
+                }
+                spent
+            };
+            if gone {
+                let _ = from.shutdown(Shutdown::Both);
+                let _ = to.shutdown(Shutdown::Both);
+                return;
             }
         }
         if to.write_all(&buf[..n]).is_err() {
