@@ -93,12 +93,25 @@ async fn open_at<T: WatchesWrites>(
     open_flags: OpenFlags,
     flags: DescriptorFlags,
 ) -> wasmtime::Result<(Result<Resource<Descriptor>, ErrorCode>,)> {
-    let state = store.data_mut();
     let truncate = open_flags.contains(OpenFlags::TRUNCATE);
     let writes = truncate || flags.contains(DescriptorFlags::WRITE);
-    if writes && let Err(e) = protect_lent(state, &fd, &path, path_flags, truncate) {
-        return Ok((Err(ErrorCode::from(&e)),));
+    if writes {
+        let protected = match protection(store.data_mut(), &fd, &path, path_flags, truncate) {
+            Ok(None) => Ok(()),
+            // The copy can be as large as a checkpoint: it runs off the
+            // threads that run the ranks, as wasmtime-wasi's own file I/O
+            // does, so other ranks go on and a stopping rank is dropped
+            // while it waits.
+            Ok(Some(copy)) => tokio::task::spawn_blocking(copy)
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = protected {
+            return Ok((Err(ErrorCode::from(&e)),));
+        }
     }
+    let state = store.data_mut();
     let mut fs = state.filesystem();
     let opened =
         match HostDescriptor::open_at(&mut fs, fd, path_flags, path, open_flags, flags).await {
@@ -115,26 +128,30 @@ async fn open_at<T: WatchesWrites>(
     Ok((Ok(opened),))
 }
 
-/// If `path` below the directory `fd` names a file lent to a snapshot,
-/// give the guest its own copy of it before it is opened for writing.
-/// Anything wrong with `fd` is left for wasmtime-wasi's `open-at` to
-/// report, and so are read-only directories (it refuses the write).
-fn protect_lent<T: WatchesWrites>(
+/// If anything is lent, what gives the guest its own copy of `path`
+/// (below the directory `fd`) before it is opened for writing, should it
+/// be a lent file (see `persist::lend`). Anything wrong with `fd` is left
+/// for wasmtime-wasi's `open-at` to report, and so are read-only
+/// directories (it refuses the write).
+fn protection<T: WatchesWrites>(
     state: &mut T,
     fd: &Resource<Descriptor>,
     path: &str,
     path_flags: PathFlags,
     truncate: bool,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<impl FnOnce() -> std::io::Result<()> + Send + 'static>> {
     if !state.attempt().may_have_lent() {
-        return Ok(());
+        return Ok(None);
     }
     let dir = match state.ctx().table.get(fd) {
         Ok(Descriptor::Dir(dir)) if !dir.perms.write_not_permitted() => {
             Dir::from_std_file(dir.dir.try_clone()?)
         }
-        _ => return Ok(()),
+        _ => return Ok(None),
     };
     let follow = path_flags.contains(PathFlags::SYMLINK_FOLLOW);
-    state.attempt().before_write(&dir, path, follow, truncate)
+    let (attempt, path) = (state.attempt().clone(), path.to_owned());
+    Ok(Some(move || {
+        attempt.before_write(&dir, &path, follow, truncate)
+    }))
 }
