@@ -102,6 +102,12 @@ impl RankHandle {
         self.attempt.lent.maybe_any()
     }
 
+    /// Resolves once no snapshot is still linking the ranks' files (see
+    /// `persist::lend`).
+    pub async fn settled(&self) {
+        self.attempt.lent.settled().await
+    }
+
     /// The rank is about to open `path` below `dir` for writing: if it is
     /// a file lent to a snapshot, give the rank a copy of its own first
     /// (see `persist::lend`).

@@ -3,11 +3,11 @@
 //! checkpoint waiting to be committed (with, in a run over several hosts,
 //! the other nodes' files it waits for), and the state both ends share.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
+use tokio::task::JoinHandle;
 
 use crate::cluster::Link;
 use crate::cluster::wire::{self, Header};
@@ -83,23 +83,32 @@ pub(super) struct Job {
 /// yet committed.
 pub(super) struct Pending {
     pub index: u64,
-    pub plan: Plan,
-    /// The snapshot to remove once persisted.
-    pub snapshot: Option<PathBuf>,
+    pub files: Files,
     /// Other nodes' files of the checkpoint, to wait for before the commit.
     pub remote: Option<Remote>,
     /// The one permit to persist a checkpoint, released when this drops.
     pub _slot: OwnedSemaphorePermit,
 }
 
-impl Drop for Pending {
-    /// The snapshot goes first; the plan, dropped after, then releases the
-    /// guest files it held lent.
-    fn drop(&mut self) {
-        if let Some(dir) = &self.snapshot
-            && let Err(e) = std::fs::remove_dir_all(dir)
-        {
-            tracing::warn!(dir = %dir.display(), "cannot remove a checkpoint snapshot: {e}");
+/// A checkpoint's files as the writing task receives them: planned, or
+/// still being linked into a snapshot on a blocking thread (`report` has
+/// returned; see `persist::lend`). A snapshot owns its directory: dropped
+/// (the run failed meanwhile), it removes it, once linking has stopped.
+pub(super) enum Files {
+    Planned(Plan),
+    Linking(JoinHandle<Result<Plan, Error>>),
+}
+
+impl Files {
+    /// The plan, once its snapshot is complete.
+    pub async fn plan(&mut self) -> Result<&Plan, RecordFailed> {
+        if let Self::Linking(task) = self {
+            let plan = task.await.map_err(|_| RecordFailed::Stopped)??;
+            *self = Self::Planned(plan);
+        }
+        match self {
+            Self::Planned(plan) => Ok(plan),
+            Self::Linking(_) => Err(RecordFailed::Stopped),
         }
     }
 }

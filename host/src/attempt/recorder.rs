@@ -5,12 +5,14 @@
 //! [`Recorder::record_plan`], its ranks' files merged (collisions refused
 //! to the guests before), and then:
 //!
-//! - in the background mode (the default), the planned files are taken
-//!   into a local snapshot and `report` returns; the task uploads (or
-//!   writes and flushes) and commits the snapshot. Taking them costs no
-//!   copy: they are hard-linked and lent (`persist::lend`), and a guest
-//!   that writes one of them later gets a copy of its own, so the guests
-//!   may change their directories at once (R8).
+//! - in the background mode (the default), `report` returns once the
+//!   planned files are listed; a blocking task takes them into a local
+//!   snapshot, and the writing task uploads (or writes and flushes) and
+//!   commits it. Taking them costs no copy: they are hard-linked and lent
+//!   (`persist::lend`), and a guest that writes one of them later gets a
+//!   copy of its own, so the guests may change their directories at once
+//!   (R8); a guest call that could change them before they are all linked
+//!   waits for the links.
 //! - files a rank handed over (`report-handing-over`) were moved out of its
 //!   sandbox before it arrived: nothing is copied for them, and when every
 //!   file of a report was handed over `report` returns at once, in either
@@ -40,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::queue::{Job, Message, Pending, RecordFailed, Remote, Shared};
+use super::queue::{Files, Job, Message, Pending, RecordFailed, Remote, Shared};
 use super::writer::{delete_dropped, write_reports};
 use crate::ledger::{Assigned, Ledger};
 use crate::metrics::Metrics;
@@ -140,32 +142,27 @@ impl Recorder {
                     self.handle.block_on(self.ledger.clear(index))?;
                     remote.announce(index);
                 }
-                let (plan, snapshot) = match &self.snapshots {
+                let files = match &self.snapshots {
                     // Every file was handed over: no guest can change them,
                     // so the writing task persists them from where they are.
-                    Some(_) if plan.files.iter().all(|f| f.host_owned) => (plan, None),
-                    // Lent (linked) into a snapshot while the guests wait,
-                    // which costs no copy; hashed, written and flushed by
-                    // the writing task. (Writing them to their place in
-                    // local storage now, unflushed, kept a guest waiting
-                    // for a copy of every byte.)
+                    Some(_) if plan.files.iter().all(|f| f.host_owned) => Files::Planned(plan),
+                    // Lent (linked) into a snapshot, which costs no copy;
+                    // linked after `report` returns, then hashed, written
+                    // and flushed by the writing task. (Writing them to
+                    // their place in local storage now, unflushed, kept a
+                    // guest waiting for a copy of every byte; linking them
+                    // now, for a link per file.)
                     Some(snapshots) => {
                         let dir = snapshots.root.join(layout::checkpoint_dir_name(index));
                         let _ = std::fs::remove_dir_all(&dir);
-                        match persist::snapshot(plan, &dir, &snapshots.lent) {
-                            Ok(plan) => (plan, Some(dir)),
-                            Err(e) => {
-                                let _ = std::fs::remove_dir_all(&dir);
-                                return Err(e.into());
-                            }
-                        }
+                        let snapshot = persist::snapshot(plan, &dir, &snapshots.lent)?;
+                        Files::Linking(self.handle.spawn_blocking(move || snapshot.link()))
                     }
-                    None => (plan, None),
+                    None => Files::Planned(plan),
                 };
                 Some(Pending {
                     index,
-                    plan,
-                    snapshot,
+                    files,
                     remote,
                     _slot: slot,
                 })
@@ -270,7 +267,7 @@ mod tests {
 
     use super::*;
     use crate::config::Retention;
-    use crate::persist::{Capture, merge};
+    use crate::persist::{Capture, Lent, merge};
     use crate::storage::Storage;
 
     /// A new run of one rank at `storage`.
@@ -278,9 +275,20 @@ mod tests {
         Arc::new(crate::ledger::open_for_test(rt, storage, retention, false).unwrap())
     }
 
-    fn capture(rank: u32, dir: &std::path::Path, bytes: &[u8]) -> Capture {
+    /// List a new `w.bin` holding `bytes` in `dir`, as a guest would leave
+    /// it after the last report, with the snapshot of that report still
+    /// linking (`lent`).
+    fn capture(
+        rank: u32,
+        dir: &std::path::Path,
+        bytes: &[u8],
+        lent: &Lent,
+        rt: &tokio::runtime::Handle,
+    ) -> Capture {
         // A new file each time: the snapshot may still hold the last one
         // lent, and only a guest's writes (through WASI) get a copy first.
+        // The unlink waits for the links, as a guest's does.
+        rt.block_on(lent.settled());
         let _ = std::fs::remove_file(dir.join("w.bin"));
         std::fs::write(dir.join("w.bin"), bytes).unwrap();
         let handle = cap_std::fs::Dir::open_ambient_dir(dir, cap_std::ambient_authority()).unwrap();
@@ -303,9 +311,10 @@ mod tests {
             };
             let ledger = open(&rt, &storage, keep_one);
             let work = tempfile::tempdir().unwrap();
+            let lent = Arc::new(Lent::default());
             let snapshots = background.then(|| Snapshots {
                 root: work.path().join("snapshots"),
-                lent: Arc::default(),
+                lent: Arc::clone(&lent),
             });
             let recorder = Arc::new(Recorder::start(
                 Arc::clone(&ledger),
@@ -318,9 +327,10 @@ mod tests {
                 let recorder = Arc::clone(&recorder);
                 let dir = work.path().join("ckpt");
                 std::fs::create_dir(&dir).unwrap();
+                let rt = rt.handle().clone();
                 std::thread::spawn(move || {
                     for i in 0..4u8 {
-                        let c = capture(0, &dir, &[i; 64]);
+                        let c = capture(0, &dir, &[i; 64], &lent, &rt);
                         let plan = merge(vec![c]).unwrap();
                         recorder
                             .record_plan(Metrics::new(), Some(plan), None)

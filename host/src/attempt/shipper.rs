@@ -6,9 +6,10 @@
 //! node has said its files are durable (`Persisted`). This node's part
 //! follows the same modes as node 0's recorder (R8):
 //!
-//! - in the background mode, `report` returns once the files are out of
-//!   the guests' reach (a snapshot they are lent to, `persist::lend`), and
-//!   a task uploads or writes and flushes them and tells node 0;
+//! - in the background mode, `report` returns once the files are listed;
+//!   they are linked into a snapshot they are lent to (`persist::lend`),
+//!   out of the guests' reach, and a task uploads or writes and flushes
+//!   them and tells node 0;
 //! - in the blocking mode, the files are persisted and flushed before the
 //!   node goes on with the round; node 0 commits before any rank returns.
 //!
@@ -16,7 +17,6 @@
 //! is kept and fails the attempt (the watcher, or the next report), which
 //! every node hears of; node 0 then commits nothing.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use tokio::runtime::Handle;
@@ -96,9 +96,9 @@ impl Shipper {
             lock(&self.failed).get_or_insert(failed).clone()
         };
         match &self.snapshots {
-            None => self.handle.block_on(job.finish(plan, None)).map_err(fail),
+            None => self.handle.block_on(job.finish(plan)).map_err(fail),
             Some(_) if plan.files.iter().all(|f| f.host_owned) => {
-                self.spawn(job.finish(plan, None));
+                self.spawn(job.finish(plan));
                 Ok(())
             }
             Some(snapshots) => {
@@ -106,16 +106,18 @@ impl Shipper {
                     .root
                     .join(format!("node-{}", layout::checkpoint_dir_name(checkpoint)));
                 let _ = std::fs::remove_dir_all(&dir);
-                match persist::snapshot(plan, &dir, &snapshots.lent) {
-                    Ok(plan) => {
-                        self.spawn(job.finish(plan, Some(dir)));
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let _ = std::fs::remove_dir_all(&dir);
-                        Err(fail(e))
-                    }
-                }
+                // Linked after `report` returns, as on node 0 (`recorder`).
+                let snapshot = persist::snapshot(plan, &dir, &snapshots.lent).map_err(fail)?;
+                let linking = self.handle.spawn_blocking(move || snapshot.link());
+                self.spawn(async move {
+                    let plan = linking.await.map_err(|e| Error::Io {
+                        path: dir,
+                        operation: "link the checkpoint files into a snapshot",
+                        source: std::io::Error::other(e),
+                    })??;
+                    job.finish(plan).await
+                });
+                Ok(())
             }
         }
     }
@@ -154,9 +156,9 @@ struct Job {
 }
 
 impl Job {
-    /// Persist `plan`, make it durable and tell node 0. `snapshot` is
-    /// removed at the end.
-    async fn finish(self, plan: Plan, snapshot: Option<PathBuf>) -> Result<(), Error> {
+    /// Persist `plan`, make it durable and tell node 0. Its snapshot, if
+    /// any, is removed at the end.
+    async fn finish(self, plan: Plan) -> Result<(), Error> {
         let result = async {
             let files = persist::persist(&self.dest, &plan, None).await?.0;
             let paths = files.iter().map(|f| f.path.clone()).collect();
@@ -164,10 +166,6 @@ impl Job {
             Ok::<_, Error>(files)
         }
         .await;
-        // The snapshot first: the plan's files stay lent while it exists.
-        if let Some(dir) = snapshot {
-            let _ = std::fs::remove_dir_all(dir);
-        }
         drop(plan);
         let files = result?;
         self.link.send(

@@ -157,8 +157,9 @@ impl Writer {
     ) -> Result<Committed, RecordFailed> {
         let index = pending.index;
         let clear = pending.remote.is_none();
-        let mut uploaded = self.ledger.upload(index, &pending.plan, clear).await?;
-        let mut ranks = pending.plan.ranks.clone();
+        let plan = pending.files.plan().await?;
+        let mut uploaded = self.ledger.upload(index, plan, clear).await?;
+        let mut ranks = plan.ranks.clone();
         if let Some(remote) = pending.remote.take() {
             let waited = tokio::task::spawn_blocking(move || {
                 remote.wait(index, &mut uploaded, &mut ranks)?;

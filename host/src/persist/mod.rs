@@ -8,9 +8,11 @@
 mod capture;
 mod lend;
 mod plan;
+mod snapshot;
 mod upload;
 
 pub(crate) use capture::{Capture, CaptureError, HandedOver, capture};
 pub(crate) use lend::{Inode, Lent};
-pub(crate) use plan::{Collision, Plan, PlanError, Snapshots, merge, sha256_of, snapshot};
+pub(crate) use plan::{Collision, Plan, PlanError, merge, sha256_of};
+pub(crate) use snapshot::{Snapshots, snapshot};
 pub(crate) use upload::{PersistStats, Previous, persist};

@@ -4,14 +4,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cap_std::fs::Dir;
 use sha2::{Digest, Sha256};
 
 use super::capture::{Capture, HandedOver};
-use super::lend::{Inode, Lent, LentFiles};
+use super::lend::{Inode, LentDir};
 use crate::error::Error;
 
 /// Why a report's files could not be planned.
@@ -92,9 +91,9 @@ pub(crate) struct Plan {
     pub ranks: Vec<u32>,
     /// The directories ranks handed over, removed with the plan.
     pub handed_over: Vec<HandedOver>,
-    /// The guest files a snapshot of the plan links to, lent until the
-    /// plan is dropped (after the snapshot's directory is removed).
-    pub _lent: Option<LentFiles>,
+    /// The snapshot the files are in, if any: removed with the plan,
+    /// which releases the guest files it links to.
+    pub _snapshot: Option<LentDir>,
 }
 
 impl Plan {
@@ -104,7 +103,7 @@ impl Plan {
             files: Vec::new(),
             ranks: Vec::new(),
             handed_over: Vec::new(),
-            _lent: None,
+            _snapshot: None,
         }
     }
 
@@ -164,7 +163,7 @@ pub(crate) fn merge(captures: Vec<Capture>) -> Result<Plan, PlanError> {
         files,
         ranks,
         handed_over,
-        _lent: None,
+        _snapshot: None,
     })
 }
 
@@ -238,135 +237,4 @@ pub(crate) fn sha256_of(dir: &Dir, path: &str) -> Result<String, Error> {
         hasher.update(&buf[..n]);
     }
     Ok(hex::encode(hasher.finalize()))
-}
-
-/// Where the background mode's snapshots go, and the record of the guest
-/// files they hold lent.
-#[derive(Debug, Clone)]
-pub(crate) struct Snapshots {
-    /// A host directory on the file system of the ranks' scratch
-    /// directories (links cannot cross file systems).
-    pub root: PathBuf,
-    pub lent: Arc<Lent>,
-}
-
-/// Take the plan's files below `staging` (a host directory that must not
-/// exist yet, on the guests' file system) and point the plan at them, so
-/// the guests may change their directories as soon as `report` returns
-/// (R8).
-///
-/// Each file is hard-linked and lent (see `lend`): no bytes are copied
-/// while the guest waits, and a guest that later opens the file to write
-/// gets a copy of its own. A file its rank holds open for writing, or one
-/// that cannot be linked, is copied: `std::io::copy` between files uses
-/// `copy_file_range`, a reflink on filesystems that share extents (XFS,
-/// Btrfs) and an in-kernel copy elsewhere.
-pub(crate) fn snapshot(plan: Plan, staging: &Path, lent: &Arc<Lent>) -> Result<Plan, Error> {
-    let io_err = |path: &Path, operation, source| Error::Io {
-        path: path.to_path_buf(),
-        operation,
-        source,
-    };
-    std::fs::create_dir_all(staging)
-        .map_err(|e| io_err(staging, "create the checkpoint snapshot directory", e))?;
-    let root = Arc::new(
-        Dir::open_ambient_dir(staging, cap_std::ambient_authority())
-            .map_err(|e| io_err(staging, "open the checkpoint snapshot directory", e))?,
-    );
-    let mut parents = Parents::default();
-    let mut lent_files = LentFiles::new(Arc::clone(lent));
-    let mut files = Vec::with_capacity(plan.files.len());
-    for file in plan.files {
-        if file.host_owned {
-            // Handed over: no guest can change it, nothing to copy.
-            files.push(file);
-            continue;
-        }
-        let target = staging.join(&file.path);
-        let (parent, name) = file.path.rsplit_once('/').unwrap_or(("", &file.path));
-        let (from, to) = parents
-            .get(&file.source, &root, parent)
-            .map_err(|e| io_err(&target, "open a checkpoint directory", e))?;
-        let changed = |size| {
-            io_err(
-                Path::new(&file.path),
-                "snapshot a checkpoint file",
-                std::io::Error::other(format!(
-                    "it holds {size} bytes, {} when listed: the guest changed it during report",
-                    file.size
-                )),
-            )
-        };
-        // By name in its directory, never following a link: the capture
-        // refused links, and nothing the guests do runs meanwhile.
-        let stat = rustix::fs::statat(from, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| io_err(Path::new(&file.path), "inspect a checkpoint file", e.into()))?;
-        if stat.st_size as u64 != file.size {
-            return Err(changed(stat.st_size as u64));
-        }
-        let id: Inode = (stat.st_dev, stat.st_ino);
-        let linked = !file.open_for_writing.contains(&id)
-            && rustix::fs::linkat(from, name, to, name, rustix::fs::AtFlags::empty()).is_ok();
-        if linked {
-            lent_files.add(id);
-        } else {
-            let mut source = from
-                .open(name)
-                .map_err(|e| io_err(Path::new(&file.path), "open a checkpoint file", e))?
-                .into_std();
-            let mut copy = to
-                .create(name)
-                .map_err(|e| io_err(&target, "create a snapshot file", e))?
-                .into_std();
-            let copied = std::io::copy(&mut source, &mut copy)
-                .map_err(|e| io_err(&target, "copy a checkpoint file into the snapshot", e))?;
-            if copied != file.size {
-                return Err(changed(copied));
-            }
-        }
-        files.push(PlannedFile {
-            source: Arc::clone(&root),
-            host_owned: true,
-            ..file
-        });
-    }
-    Ok(Plan {
-        files,
-        ranks: plan.ranks,
-        handed_over: plan.handed_over,
-        _lent: Some(lent_files),
-    })
-}
-
-/// The directories a snapshot links between, each opened once: a rank's
-/// directory holding files and its counterpart in the snapshot. Linking by
-/// name inside opened directories costs two system calls a file, where
-/// resolving each path from the top (as `cap_std` does, safely, for any
-/// path) costs several per path component.
-#[derive(Default)]
-struct Parents {
-    /// By source directory (its address) and parent path.
-    opened: std::collections::HashMap<(usize, String), (Dir, Dir)>,
-}
-
-impl Parents {
-    fn get(
-        &mut self,
-        source: &Arc<Dir>,
-        root: &Dir,
-        parent: &str,
-    ) -> std::io::Result<(&Dir, &Dir)> {
-        let key = (Arc::as_ptr(source) as usize, parent.to_owned());
-        if !self.opened.contains_key(&key) {
-            let opened = if parent.is_empty() {
-                (source.try_clone()?, root.try_clone()?)
-            } else {
-                root.create_dir_all(parent)?;
-                (source.open_dir(parent)?, root.open_dir(parent)?)
-            };
-            self.opened.insert(key.clone(), opened);
-        }
-        let (from, to) = &self.opened[&key];
-        Ok((from, to))
-    }
 }

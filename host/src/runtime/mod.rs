@@ -92,7 +92,7 @@ impl GuestComponent {
         let mut linker = Linker::<RankState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(engine_err("link the WASI imports"))?;
-        writes::wrap_open_at::<RankState>(&mut linker)
+        writes::wrap_filesystem::<RankState>(&mut linker)
             .map_err(engine_err("link the WASI imports"))?;
         Trainer::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(engine_err("link trainhost's imports"))?;

@@ -1,7 +1,8 @@
 //! The guest's writes to files, as far as snapshots need to see them
 //! (`persist::lend`): WASI's `open-at` is wrapped so that opening a file a
 //! snapshot holds lent gives the guest its own copy first, and so that the
-//! files a rank holds open for writing are known when it reports.
+//! files a rank holds open for writing are known when it reports; it and
+//! the calls that change names wait while a snapshot is still linking.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
@@ -9,7 +10,8 @@ use std::sync::{Arc, Weak};
 use cap_std::fs::Dir;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource};
-use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemView};
+use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView, WasiFilesystemView};
+use wasmtime_wasi::p2::FsResult;
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     self, DescriptorFlags, ErrorCode, HostDescriptor, OpenFlags, PathFlags,
 };
@@ -66,11 +68,20 @@ impl OpenForWriting {
 }
 
 /// Replace wasmtime-wasi's `open-at` in `linker` (which has WASI in it
-/// already) by one that protects lent files and tracks writers, then calls
-/// wasmtime-wasi's own.
-pub(crate) fn wrap_open_at<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+/// already) by one that protects lent files and tracks writers, and its
+/// calls that change names (`unlink-file-at`, `rename-at`,
+/// `remove-directory-at`) by ones that first wait for a snapshot still
+/// linking (`Lent::settled`); each then calls wasmtime-wasi's own.
+pub(crate) fn wrap_filesystem<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    let result = linker.instance(FILESYSTEM_TYPES)?.func_wrap_async(
+    let result = wrap(linker);
+    linker.allow_shadowing(false);
+    result
+}
+
+fn wrap<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    let mut types = linker.instance(FILESYSTEM_TYPES)?;
+    types.func_wrap_async(
         "[method]descriptor.open-at",
         |store: StoreContextMut<'_, T>,
          (fd, path_flags, path, open_flags, flags): (
@@ -80,9 +91,68 @@ pub(crate) fn wrap_open_at<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime
             OpenFlags,
             DescriptorFlags,
         )| Box::new(open_at(store, fd, path_flags, path, open_flags, flags)),
-    );
-    linker.allow_shadowing(false);
-    result
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.unlink-file-at",
+        |mut store: StoreContextMut<'_, T>, (fd, path): (Resource<Descriptor>, String)| {
+            Box::new(async move {
+                settled(&store).await;
+                let mut fs = store.data_mut().filesystem();
+                let done = HostDescriptor::unlink_file_at(&mut fs, fd, path).await;
+                answer(&mut fs, done)
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.remove-directory-at",
+        |mut store: StoreContextMut<'_, T>, (fd, path): (Resource<Descriptor>, String)| {
+            Box::new(async move {
+                settled(&store).await;
+                let mut fs = store.data_mut().filesystem();
+                let done = HostDescriptor::remove_directory_at(&mut fs, fd, path).await;
+                answer(&mut fs, done)
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.rename-at",
+        |mut store: StoreContextMut<'_, T>,
+         (fd, old_path, new_fd, new_path): (
+            Resource<Descriptor>,
+            String,
+            Resource<Descriptor>,
+            String,
+        )| {
+            Box::new(async move {
+                settled(&store).await;
+                let mut fs = store.data_mut().filesystem();
+                let done = HostDescriptor::rename_at(&mut fs, fd, old_path, new_fd, new_path).await;
+                answer(&mut fs, done)
+            })
+        },
+    )?;
+    Ok(())
+}
+
+/// Wait until no snapshot is linking the ranks' files (see
+/// `persist::lend`): a call that could change what it is about to link
+/// waits for it. A stopping rank is dropped while it waits.
+fn settled<T: WatchesWrites>(
+    store: &StoreContextMut<'_, T>,
+) -> impl Future<Output = ()> + Send + 'static {
+    let attempt = store.data().attempt().clone();
+    async move { attempt.settled().await }
+}
+
+/// What wasmtime-wasi's `done` is to the guest: its error code, or a trap.
+fn answer<V>(
+    fs: &mut WasiFilesystemCtxView<'_>,
+    done: FsResult<V>,
+) -> wasmtime::Result<(Result<V, ErrorCode>,)> {
+    match done {
+        Ok(value) => Ok((Ok(value),)),
+        Err(e) => Ok((Err(types::Host::convert_error_code(fs, e)?),)),
+    }
 }
 
 async fn open_at<T: WatchesWrites>(
@@ -96,6 +166,7 @@ async fn open_at<T: WatchesWrites>(
     let truncate = open_flags.contains(OpenFlags::TRUNCATE);
     let writes = truncate || flags.contains(DescriptorFlags::WRITE);
     if writes {
+        settled(&store).await;
         let protected = match protection(store.data_mut(), &fd, &path, path_flags, truncate) {
             Ok(None) => Ok(()),
             // The copy can be as large as a checkpoint: it runs off the

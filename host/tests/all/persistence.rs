@@ -136,6 +136,47 @@ fn a_checkpoint_keeps_its_bytes_however_the_guest_writes_them_after_report() {
     }
 }
 
+/// The default `report` returns before the checkpoint's files are linked
+/// into the host's snapshot (`persist::lend`): a guest that at once
+/// writes one in place, renames, deletes and rewrites them, while the host is still linking
+/// hundreds of them, waits for the links, and the checkpoint holds every
+/// file as `report` saw it (R8).
+#[test]
+fn a_checkpoint_is_whole_however_soon_the_guest_changes_its_files() {
+    let steps = json!([
+        {"many": "ck", "count": 3000},
+        {"write": "ck/zz/last", "text": "first-last"},
+        {"write": "ck/zz/moved", "text": "first-moved"},
+        {"write": "ck/zz/patched", "text": "first-patched"},
+        {"report": {"epoch": 0}, "checkpoint": "ck"},
+        {"patch": "ck/zz/patched", "text": "XX"},
+        {"rename": "ck/zz/moved", "to": "ck/zz/last"},
+        {"remove": "ck"},
+        {"write": "ck/zz/last", "text": "second"},
+        {"report": {"epoch": 1}, "checkpoint": "ck"},
+    ]);
+    let run = run_persisting(1, steps, true);
+    run.assert_ok();
+    let dir = run.dir();
+    let first = dir.join("checkpoint_000000");
+    let read = |p: &str| std::fs::read_to_string(first.join(p)).unwrap();
+    assert_eq!(read("zz/last"), "first-last");
+    assert_eq!(read("zz/moved"), "first-moved");
+    assert_eq!(read("zz/patched"), "first-patched");
+    for i in [0, 1234, 2999] {
+        assert_eq!(read(&format!("{:03}/f{i}", i % 100)), i.to_string());
+    }
+    let listed = Checkpoint::open(first.to_str().unwrap()).unwrap();
+    assert_eq!(listed.manifest().files.len(), 3003);
+    listed.verify().unwrap();
+    let second = dir.join("checkpoint_000001");
+    assert_eq!(
+        std::fs::read_to_string(second.join("zz/last")).unwrap(),
+        "second"
+    );
+    assert!(!second.join("000").exists());
+}
+
 /// Many reports without a checkpoint in a row: every one is recorded, in
 /// order, although the history file is written fewer times.
 #[test]

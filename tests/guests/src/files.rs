@@ -7,6 +7,7 @@
 //! - `{"write_held": PATH, "text": TEXT}`: appends TEXT through the handle
 //!   `hold` kept
 //! - `{"release": PATH}`: closes that handle
+//! - `{"rename": PATH, "to": NEW}`: renames PATH to NEW, replacing it
 //!
 //! Paths are below the scratch directory unless absolute.
 
@@ -52,6 +53,9 @@ pub(crate) fn run(text: impl Fn(&str) -> Option<String>) -> Result<bool, String>
         })?;
     } else if let Some(path) = text("release") {
         HELD.with(|h| h.borrow_mut().remove(&path));
+    } else if let Some(path) = text("rename") {
+        let to = text("to").ok_or("rename needs to")?;
+        std::fs::rename(crate::scratch_path(&path), crate::scratch_path(&to)).map_err(io)?;
     } else {
         return Ok(false);
     }
