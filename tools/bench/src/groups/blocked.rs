@@ -47,6 +47,8 @@ pub(crate) fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
 /// changed ones, the unchanged one.
 struct Times {
     first: f64,
+    /// The guest's rewrite of its files right after the first report.
+    rewrite: f64,
     changed: f64,
     unchanged: f64,
 }
@@ -75,6 +77,7 @@ fn run_once(target: &Target<'_>, files: &[(u32, u64)], i: usize, mode: Mode) -> 
     )?;
     Ok(Times {
         first: metric(&result, "first_ns")?,
+        rewrite: metric(&result, "rewrite_ns")?,
         changed: metric(&result, "changed_ns")?,
         unchanged: metric(&result, "unchanged_ns")?,
     })
@@ -95,6 +98,7 @@ enum Mode {
 pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Vec<Row>> {
     let (mut handed_first, mut handed_changed) = (Paired::default(), Paired::default());
     let (mut lent_first, mut lent_changed) = (Paired::default(), Paired::default());
+    let mut lent_rewrite = Paired::default();
     let mut unchanged = Paired::default();
     // The same bytes as a few large files (a model and its optimizer
     // state, say): linking costs per file, not per byte.
@@ -114,6 +118,7 @@ pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Ve
         handed_changed.push(waiting.changed, handed.changed);
         lent_first.push(waiting.first, lent.first);
         lent_changed.push(waiting.changed, lent.changed);
+        lent_rewrite.push(waiting.rewrite, lent.rewrite);
         unchanged.push(waiting.first, waiting.unchanged);
     }
     let name = size_name(total);
@@ -167,6 +172,15 @@ pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Ve
             ),
             "--wait-for-upload",
             &back_pressure,
+            false,
+        ),
+        row(
+            &lent_rewrite,
+            format!(
+                "guest rewriting its {name} checkpoint ({files}) right after a lent `report` (waits for the links, then copy-on-write), {on}"
+            ),
+            "the same rewrite after `report` with --wait-for-upload",
+            &goals::comparison("what lending costs the guest after `report` returns"),
             false,
         ),
         row(
