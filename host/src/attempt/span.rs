@@ -28,7 +28,7 @@ use super::round::{Arrival, Outcome, take_report};
 use super::{Shared, Span, shards};
 use crate::cluster::Link;
 use crate::cluster::wire::{self, Header, Message, Settled, Summary};
-use crate::collective::{self, Call, Exchange, Op, Values};
+use crate::collective::{self, Call, Exchange, Op, Reduced, Values};
 
 impl Shared {
     /// The leader's part of a round when the run spans nodes: `arrivals`
@@ -321,7 +321,10 @@ impl Shared {
                 };
                 let world = span.layout.world_size() as usize;
                 let result = collective::finish_sum(summed, op, world);
-                Outcome::Exchanged(Arc::new(Exchange::Reduced(result)))
+                Outcome::Exchanged(Arc::new(Exchange::Reduced(Reduced::new(
+                    result,
+                    shapes.len(),
+                ))))
             }
             Settled::Exchanged => {
                 let exchange = match shapes.first() {
@@ -332,7 +335,7 @@ impl Shared {
                     Some(Shape::AllGather) => Exchange::AllGather(parts),
                     Some(Shape::AllReduce(like)) => {
                         match parts.first().and_then(|p| Values::from_le_bytes(like, p)) {
-                            Some(values) => Exchange::Reduced(values),
+                            Some(values) => Exchange::Reduced(Reduced::new(values, shapes.len())),
                             None => return self.garbled(),
                         }
                     }

@@ -179,9 +179,47 @@ pub(crate) enum Exchange {
     AllReduce(Reduction),
     /// Every rank's data, by rank.
     AllGather(Vec<Vec<u8>>),
-    /// An all-reduce combined elsewhere (across nodes): every rank gets
-    /// this result.
-    Reduced(Values),
+    /// An all-reduce combined elsewhere (across nodes): every rank of
+    /// this node gets this result.
+    Reduced(Reduced),
+}
+
+/// The result of an all-reduce combined across nodes, for the ranks of
+/// this node: each takes a copy but the last, which takes the buffer
+/// itself (with one rank a node, the result reaches it uncopied).
+#[derive(Debug)]
+pub(crate) struct Reduced(std::sync::Mutex<Taking>);
+
+#[derive(Debug)]
+struct Taking {
+    /// `None` once the last rank took it.
+    values: Option<Values>,
+    /// The ranks still to take it.
+    left: usize,
+}
+
+impl Reduced {
+    /// `values` for `ranks` ranks.
+    pub fn new(values: Values, ranks: usize) -> Self {
+        Self(std::sync::Mutex::new(Taking {
+            values: Some(values),
+            left: ranks,
+        }))
+    }
+
+    /// One rank's result. The copies are made one at a time, under the
+    /// lock: they share the memory bandwidth anyway.
+    fn take(&self) -> Values {
+        let mut taking = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        taking.left = taking.left.saturating_sub(1);
+        let values = if taking.left == 0 {
+            taking.values.take()
+        } else {
+            taking.values.clone()
+        };
+        // Only as many ranks as it was made for take it.
+        values.unwrap_or_else(|| Values::F32(Vec::new()))
+    }
 }
 
 /// The largest result a rank can take without a memory limit: a wasm32
@@ -292,7 +330,7 @@ impl Exchange {
             Exchange::Broadcast(data) => Delivered::Bytes(data.clone()),
             Exchange::AllGather(pieces) => Delivered::Pieces(pieces.clone()),
             Exchange::AllReduce(reduction) => Delivered::Values(reduction.deliver(rank).await),
-            Exchange::Reduced(values) => Delivered::Values(values.clone()),
+            Exchange::Reduced(reduced) => Delivered::Values(reduced.take()),
         }
     }
 }
@@ -300,6 +338,25 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every rank of the node gets the result across nodes; the last one
+    /// takes the very buffer.
+    #[test]
+    fn a_result_across_nodes_reaches_every_rank_and_the_last_uncopied() {
+        let buffer = vec![1.5f32; 1000];
+        let address = buffer.as_ptr();
+        let reduced = Reduced::new(Values::F32(buffer), 3);
+        let values = Values::F32(vec![1.5; 1000]);
+        assert_eq!(reduced.take(), values);
+        assert_eq!(reduced.take(), values);
+        match reduced.take() {
+            Values::F32(last) => {
+                assert_eq!(last.as_ptr(), address, "moved, not copied");
+                assert_eq!(last, vec![1.5; 1000]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn f32s(v: &[f32]) -> Call {
         Call::AllReduce {
