@@ -111,11 +111,18 @@ fn report_loop(reports: u32) -> Result<(), String> {
 
 fn all_reduce(floats: usize, calls: u32) -> Result<(), String> {
     use trainhost_guest::collective::{self, Op};
+    use trainhost_guest::tensor::Tensor;
     let mut data = vec![1.0f32; floats];
     // The untimed first call grows the guest's memory for the result.
     let all_reduce_ns = median_ns(calls, || {
         collective::all_reduce(&mut data, Op::Sum).map_err(|e| e.to_string())
     })?;
+    drop(data);
+    // The same values in a host tensor: combined in place, without
+    // crossing into the guest.
+    let mut t = Tensor::zeros(&[floats as u32]).map_err(|e| e.to_string())?;
+    let tensor_ns = median_ns(calls, || t.all_reduce(Op::Sum).map_err(|e| e.to_string()))?;
+    drop(t);
     let started = Instant::now();
     for i in 0..calls {
         report(Metrics::new().with("i", i), None)?;
@@ -124,6 +131,7 @@ fn all_reduce(floats: usize, calls: u32) -> Result<(), String> {
     report(
         Metrics::new()
             .with("all_reduce_ns", all_reduce_ns)
+            .with("tensor_all_reduce_ns", tensor_ns)
             .with("report_ns", report_ns),
         None,
     )
