@@ -177,7 +177,7 @@ pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Ve
         row(
             &lent_rewrite,
             format!(
-                "guest rewriting its {name} checkpoint ({files}) right after a lent `report` (waits for the links, then copy-on-write), {on}"
+                "guest rewriting its {name} checkpoint ({files}) right after a lent `report` (waits for the links, copies on write, while the host persists the checkpoint beside it), {on}"
             ),
             "the same rewrite after `report` with --wait-for-upload",
             &goals::comparison("what lending costs the guest after `report` returns"),
