@@ -135,26 +135,42 @@ impl Lent {
         } else {
             path.into()
         };
-        let fresh = named.with_file_name(format!(
-            ".trainhost-copy-{}",
-            named
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ));
-        if truncate {
-            // Its bytes are about to go: an empty file with its permissions.
-            let file = dir.open_with(&fresh, OpenOptions::new().write(true).create_new(true))?;
-            file.set_permissions(meta.permissions())?;
-        } else {
-            dir.copy(&named, dir, &fresh)?;
-        }
-        if let Err(e) = dir.rename(&fresh, dir, &named) {
+        let (fresh, file) = create_fresh(dir, &named)?;
+        let filled = (|| {
+            if !truncate {
+                // Its bytes are about to go when truncating: then an empty
+                // file will do.
+                let mut source = dir.open(&named)?.into_std();
+                std::io::copy(&mut source, &mut file.into_std())?;
+            }
+            dir.set_permissions(&fresh, meta.permissions())?;
+            dir.rename(&fresh, dir, &named)
+        })();
+        if let Err(e) = filled {
             let _ = dir.remove_file(&fresh);
             return Err(e);
         }
         // The inode stays recorded: the guest may hold another link to it.
         Ok(())
+    }
+}
+
+/// Create a file of a name no other file has beside `named`, for a copy
+/// of it: the guest's own files are never touched, whatever their names.
+fn create_fresh(dir: &Dir, named: &Path) -> io::Result<(PathBuf, cap_std::fs::File)> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let name = named
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let fresh = named.with_file_name(format!(".trainhost-copy-{n}-{name}"));
+        match dir.open_with(&fresh, OpenOptions::new().write(true).create_new(true)) {
+            Ok(file) => return Ok((fresh, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -292,6 +308,54 @@ mod tests {
             .filter(|n| n.starts_with(".trainhost"))
             .collect();
         assert!(names.is_empty(), "no temporary file left: {names:?}");
+    }
+
+    /// The copy is made under a name no guest file has: files named like
+    /// the host's temporary copies keep their bytes, and the copy keeps
+    /// the file's permissions.
+    #[test]
+    fn a_guest_file_named_like_a_copy_is_never_touched() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (guest, host) = (tmp.path().join("guest"), tmp.path().join("host"));
+        std::fs::create_dir_all(&guest).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::write(guest.join("a"), "old a").unwrap();
+        std::fs::set_permissions(guest.join("a"), std::fs::Permissions::from_mode(0o640)).unwrap();
+        let mut lookalikes = vec![".trainhost-copy-a".to_owned()];
+        lookalikes.extend((0..64).map(|n| format!(".trainhost-copy-{n}-a")));
+        for name in &lookalikes {
+            std::fs::write(guest.join(name), "the guest's").unwrap();
+        }
+        let (g, h) = (open(&guest), open(&host));
+        g.hard_link("a", &h, "a").unwrap();
+        let lent = Lent::default();
+        lent.record(inode(&g.metadata("a").unwrap()));
+
+        lent.before_write(&g, "a", true, false).unwrap();
+        assert_eq!(std::fs::read_to_string(guest.join("a")).unwrap(), "old a");
+        let mode = std::fs::metadata(guest.join("a"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o640);
+        // Lent again (as by the next report), then truncated.
+        g.remove_file("a").ok();
+        std::fs::write(guest.join("a"), "old a").unwrap();
+        lent.record(inode(&g.metadata("a").unwrap()));
+        lent.before_write(&g, "a", true, true).unwrap();
+        assert_eq!(std::fs::read_to_string(guest.join("a")).unwrap(), "");
+
+        for name in &lookalikes {
+            assert_eq!(
+                std::fs::read_to_string(guest.join(name)).unwrap(),
+                "the guest's",
+                "{name}"
+            );
+        }
+        let left = std::fs::read_dir(&guest).unwrap().count();
+        assert_eq!(left, lookalikes.len() + 1, "no temporary file left");
+        assert_eq!(std::fs::read_to_string(host.join("a")).unwrap(), "old a");
     }
 
     /// The guests' calls that could change a file wait while any snapshot

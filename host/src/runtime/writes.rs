@@ -136,7 +136,9 @@ fn wrap<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
 
 /// Wait until no snapshot is linking the ranks' files (see
 /// `persist::lend`): a call that could change what it is about to link
-/// waits for it. A stopping rank is dropped while it waits.
+/// waits for it. No snapshot can begin between this wait and the call: one
+/// begins only once every rank of the host is in `report`. A stopping rank
+/// is dropped while it waits.
 fn settled<T: WatchesWrites>(
     store: &StoreContextMut<'_, T>,
 ) -> impl Future<Output = ()> + Send + 'static {
