@@ -157,15 +157,13 @@ impl Lent {
 
 /// Create a file of a name no other file has beside `named`, for a copy
 /// of it: the guest's own files are never touched, whatever their names.
+/// The name is short whatever the file's (which may be as long as the
+/// file system allows).
 fn create_fresh(dir: &Dir, named: &Path) -> io::Result<(PathBuf, cap_std::fs::File)> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let name = named
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     loop {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let fresh = named.with_file_name(format!(".trainhost-copy-{n}-{name}"));
+        let fresh = named.with_file_name(format!(".trainhost-copy-{n}"));
         match dir.open_with(&fresh, OpenOptions::new().write(true).create_new(true)) {
             Ok(file) => return Ok((fresh, file)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -323,7 +321,7 @@ mod tests {
         std::fs::write(guest.join("a"), "old a").unwrap();
         std::fs::set_permissions(guest.join("a"), std::fs::Permissions::from_mode(0o640)).unwrap();
         let mut lookalikes = vec![".trainhost-copy-a".to_owned()];
-        lookalikes.extend((0..64).map(|n| format!(".trainhost-copy-{n}-a")));
+        lookalikes.extend((0..64).map(|n| format!(".trainhost-copy-{n}")));
         for name in &lookalikes {
             std::fs::write(guest.join(name), "the guest's").unwrap();
         }
@@ -356,6 +354,28 @@ mod tests {
         let left = std::fs::read_dir(&guest).unwrap().count();
         assert_eq!(left, lookalikes.len() + 1, "no temporary file left");
         assert_eq!(std::fs::read_to_string(host.join("a")).unwrap(), "old a");
+    }
+
+    /// A file whose name is as long as the file system allows is copied
+    /// like any other.
+    #[test]
+    fn a_file_with_the_longest_name_is_copied_on_write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (guest, host) = (tmp.path().join("guest"), tmp.path().join("host"));
+        std::fs::create_dir_all(&guest).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        let name = "n".repeat(255);
+        std::fs::write(guest.join(&name), "old").unwrap();
+        let (g, h) = (open(&guest), open(&host));
+        g.hard_link(&name, &h, &name).unwrap();
+        let lent = Lent::default();
+        lent.record(inode(&g.metadata(&name).unwrap()));
+        lent.before_write(&g, &name, true, false).unwrap();
+        assert_ne!(
+            inode(&g.metadata(&name).unwrap()),
+            inode(&h.metadata(&name).unwrap())
+        );
+        assert_eq!(std::fs::read_to_string(guest.join(&name)).unwrap(), "old");
     }
 
     /// The guests' calls that could change a file wait while any snapshot
