@@ -109,27 +109,24 @@ pub fn all_reduce_exchange(ranks: usize, floats: usize, rounds: u32) -> f64 {
             .collect();
         let started = std::time::Instant::now();
         let exchange = Arc::new(meet(calls, None).expect("matching calls"));
-        // Each rank a task on an executor thread of its own, as ranks run
-        // when they do not outnumber the cores.
+        // Each rank a task of an executor with a thread per rank, as ranks
+        // run when they do not outnumber the cores.
         let idle = crate::executor::IdleWait::new(ranks);
         let results: Vec<std::sync::Mutex<Vec<f32>>> =
             (0..ranks).map(|_| Default::default()).collect();
-        std::thread::scope(|s| {
-            for r in 0..ranks {
-                let (exchange, results, idle) = (Arc::clone(&exchange), &results, &idle);
-                s.spawn(move || {
-                    let task: crate::executor::LocalFuture<'_> = Box::pin(async move {
-                        match exchange.deliver(r).await {
-                            Delivered::Values(Values::F32(v)) => {
-                                *results[r].lock().expect("no panic") = v;
-                            }
-                            _ => unreachable!("an all-reduce of f32 delivers f32"),
-                        }
-                    });
-                    crate::executor::run([(r, task)], idle, |_, m| panic!("{m}"));
-                });
-            }
+        let tasks = (0..ranks).map(|r| {
+            let (exchange, results) = (Arc::clone(&exchange), &results);
+            let task: crate::executor::TaskFuture<'_> = Box::pin(async move {
+                match exchange.deliver(r).await {
+                    Delivered::Values(Values::F32(v)) => {
+                        *results[r].lock().expect("no panic") = v;
+                    }
+                    _ => unreachable!("an all-reduce of f32 delivers f32"),
+                }
+            });
+            (r, task)
         });
+        crate::executor::run(ranks, tasks, &idle, |_, m| panic!("{m}"));
         buffers = results
             .into_iter()
             .map(|r| r.into_inner().expect("no panic"))

@@ -347,7 +347,6 @@ mod tests {
     use super::*;
     use crate::executor::IdleWait;
     use crate::executor::block_on;
-    use std::pin::Pin;
     use std::sync::Arc;
 
     impl Describe for u32 {
@@ -389,29 +388,22 @@ mod tests {
         for idle in IdleWait::every_way() {
             let g = ReportGate::<u32, u32>::new(6, Duration::from_secs(60));
             let results: Vec<Mutex<Vec<u32>>> = (0..6).map(|_| Mutex::default()).collect();
-            std::thread::scope(|s| {
-                for t in 0..2 {
-                    let (g, idle, results) = (&g, &idle, &results);
-                    s.spawn(move || {
-                        let tasks = (t..6).step_by(2).map(|r| {
-                            let task: Pin<Box<dyn Future<Output = ()> + '_>> =
-                                Box::pin(async move {
-                                    for i in 0..300u32 {
-                                        let sum = g
-                                            .arrive(r, i * 10 + r as u32, |gathered| {
-                                                gathered.arrivals.iter().sum::<u32>()
-                                            })
-                                            .await
-                                            .unwrap();
-                                        results[r].lock().unwrap().push(sum);
-                                    }
-                                });
-                            (r, task)
-                        });
-                        executor::run(tasks, idle, |r, m| panic!("rank {r}: {m}"));
-                    });
-                }
+            let tasks = (0..6).map(|r| {
+                let (g, results) = (&g, &results);
+                let task: executor::TaskFuture<'_> = Box::pin(async move {
+                    for i in 0..300u32 {
+                        let sum = g
+                            .arrive(r, i * 10 + r as u32, |gathered| {
+                                gathered.arrivals.iter().sum::<u32>()
+                            })
+                            .await
+                            .unwrap();
+                        results[r].lock().unwrap().push(sum);
+                    }
+                });
+                (r, task)
             });
+            executor::run(2, tasks, &idle, |r, m| panic!("rank {r}: {m}"));
             let expected: Vec<u32> = (0..300u32).map(|i| i * 60 + 15).collect();
             for r in results {
                 assert_eq!(r.into_inner().unwrap(), expected, "{idle:?}");

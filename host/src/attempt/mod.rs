@@ -69,7 +69,7 @@ use crate::checkpoint::Checkpoint;
 use crate::cluster::{Layout, Link};
 use crate::config::ResourceLimits;
 use crate::config::Retention;
-use crate::executor::{self, IdleWait, LocalFuture};
+use crate::executor::{self, IdleWait, Pool, TaskFuture};
 use crate::failure::{FailureKind, RunFailure};
 use crate::ledger::Ledger;
 use crate::persist::{Lent, Snapshots};
@@ -274,15 +274,20 @@ impl Attempt {
     /// reported. Returns how the attempt ended.
     ///
     /// The ranks run as tasks on at most one thread per core
-    /// (`crate::executor`), rank `r` on thread `r % threads`, each thread
-    /// inside the run's I/O runtime so that WASI's timers and file
-    /// operations find it.
-    pub fn run<'r>(self, rank: impl Fn(RankHandle) -> LocalFuture<'r> + Sync) -> Ended {
+    /// (`crate::executor`), rank `r` on thread `r % threads` while that
+    /// thread keeps up and on another when it does not, each thread inside the run's I/O runtime so that WASI's timers and
+    /// file operations find it.
+    pub fn run<'r>(self, rank: impl Fn(RankHandle) -> TaskFuture<'r>) -> Ended {
         let shared = &self.shared;
         let done = AtomicBool::new(false);
         let ranks = shared.world_size as usize;
         let threads = executor::threads_for(ranks);
         let idle = IdleWait::new(threads);
+        let pool = Pool::new(
+            (0..ranks as u32).map(|r| (r, rank(RankHandle::new(r, Arc::clone(shared))))),
+            threads,
+            &idle,
+        );
         std::thread::scope(|scope| {
             let watcher = scope.spawn(|| watch::watch(shared, &done));
             // The scope waits for every rank before a panic here goes on:
@@ -290,18 +295,14 @@ impl Attempt {
             let _stop_on_unwind = StopOnUnwind(shared);
             let spawned: Vec<_> = (0..threads)
                 .filter_map(|t| {
-                    let (rank, idle) = (&rank, &idle);
+                    let pool = &pool;
                     let thread = std::thread::Builder::new()
                         .name(format!("trainhost-ranks-{t}"))
                         .spawn_scoped(scope, move || {
                             let _io = shared.handle.enter();
-                            let tasks = (t..ranks).step_by(threads).map(|r| {
-                                let r = r as u32;
-                                (r, rank(RankHandle::new(r, Arc::clone(shared))))
-                            });
                             // A bug in the host, not the guest's doing: the
                             // run fails saying so instead of hanging.
-                            executor::run(tasks, idle, |r, panic| {
+                            pool.work(|r, panic| {
                                 shared.fail(RunFailure {
                                     rank: Some(r),
                                     kind: FailureKind::Host,
@@ -311,8 +312,8 @@ impl Attempt {
                                 })
                             });
                         });
-                    // Failed at once, so that the ranks already started stop
-                    // waiting for these.
+                    // Failed at once, so that the ranks stop: the threads
+                    // that did start run them to their end.
                     thread
                         .map_err(|e| {
                             shared.fail(RunFailure {

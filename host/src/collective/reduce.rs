@@ -305,8 +305,8 @@ mod tests {
             .collect()
     }
 
-    /// Run the reduction as the ranks do: as tasks on at most two executor
-    /// threads, so that ranks sharing a thread wait for each other.
+    /// Run the reduction as the ranks do: as tasks of an executor of at
+    /// most two threads, so that ranks wait for each other.
     fn run(inputs: &[Vec<f32>], op: Op) -> Vec<Vec<f32>> {
         let ranks = inputs.len();
         let values = inputs.iter().cloned().map(Values::F32).collect();
@@ -315,24 +315,17 @@ mod tests {
             (0..ranks).map(|_| Default::default()).collect();
         let threads = ranks.min(2);
         let idle = crate::executor::IdleWait::new(threads);
-        std::thread::scope(|s| {
-            for t in 0..threads {
-                let (reduction, results, idle) = (&reduction, &results, &idle);
-                s.spawn(move || {
-                    let tasks = (t..ranks).step_by(threads).map(|r| {
-                        let task: std::pin::Pin<Box<dyn Future<Output = ()> + '_>> =
-                            Box::pin(async move {
-                                match reduction.deliver(r).await {
-                                    Values::F32(v) => *results[r].lock().unwrap() = v,
-                                    other => panic!("{other:?}"),
-                                }
-                            });
-                        (r, task)
-                    });
-                    crate::executor::run(tasks, idle, |r, m| panic!("rank {r}: {m}"));
-                });
-            }
+        let tasks = (0..ranks).map(|r| {
+            let (reduction, results) = (&reduction, &results);
+            let task: crate::executor::TaskFuture<'_> = Box::pin(async move {
+                match reduction.deliver(r).await {
+                    Values::F32(v) => *results[r].lock().unwrap() = v,
+                    other => panic!("{other:?}"),
+                }
+            });
+            (r, task)
         });
+        crate::executor::run(threads, tasks, &idle, |r, m| panic!("rank {r}: {m}"));
         results
             .into_iter()
             .map(|r| r.into_inner().unwrap())

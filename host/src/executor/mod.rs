@@ -6,11 +6,13 @@
 //! outnumber cores every collective round then costs the operating system
 //! a context switch per rank to park the waiters and another to wake them:
 //! 16 ranks on 2 cores took 46 µs a round quiet and 340 µs with every core
-//! busy. Here the ranks are spread over at most one thread per core, and a
-//! thread runs its ranks in turn: a rank that waits for the others in a
-//! collective returns `Pending`, and the thread goes on with the next rank
-//! that can run, a switch of fibers instead of threads. A round then wakes
-//! one thread per core at most, not one per rank.
+//! busy. Here at most one thread per core runs the ranks, each thread
+//! taking whichever rank is ready next (`pool.rs`): a rank that waits for
+//! the others in a collective returns `Pending`, and the thread goes on
+//! with the next rank that can run, a switch of fibers instead of threads.
+//! A round then wakes one thread per core at most, not one per rank, and it
+//! never waits for a thread the operating system has set aside while
+//! another thread could run the ranks it woke.
 //!
 //! Futures tell the executor two things about a wait through
 //! [`waiting_briefly`] and [`poll_again_at`]: that it should end within
@@ -19,18 +21,16 @@
 //! it must be polled again even if nobody wakes it (a timeout).
 
 mod idle;
+mod pool;
 
 use std::cell::Cell;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::Thread;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 pub(crate) use idle::IdleWait;
+pub(crate) use pool::Pool;
 
 /// The cores this process may use, read once: `available_parallelism`
 /// reads the cgroup's limits from files each time it is called, which
@@ -40,9 +40,9 @@ pub(crate) fn cores() -> usize {
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
 }
 
-/// A task's future: polled on the thread that made it, so it need not be
-/// `Send`, and it may borrow what outlives the executor's threads.
-pub(crate) type LocalFuture<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+/// A task's future: `Send`, as any of the executor's threads may poll it,
+/// and it may borrow what outlives them.
+pub(crate) type TaskFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// How many threads run `tasks` futures: one per core at most.
 pub(crate) fn threads_for(tasks: usize) -> usize {
@@ -70,119 +70,25 @@ pub(crate) fn poll_again_at(when: Instant) {
     DEADLINE.with(|d| d.set(Some(d.get().map_or(when, |t| t.min(when)))));
 }
 
-/// Wakes a thread of the executor: set when any of its tasks is woken.
-struct Notify {
-    thread: Thread,
-    woken: AtomicBool,
-}
-
-/// One task's waker.
-struct TaskWaker {
-    ready: AtomicBool,
-    notify: Arc<Notify>,
-}
-
-impl Wake for TaskWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.ready.store(true, Ordering::Release);
-        self.notify.woken.store(true, Ordering::Release);
-        // Cheap unless the thread is parked: then it is the one syscall.
-        self.notify.thread.unpark();
-    }
-}
-
-struct Task<'a, T> {
-    id: T,
-    future: LocalFuture<'a>,
-    waker: Arc<TaskWaker>,
-    /// What its last `Pending` said about the wait.
-    brief: bool,
-    deadline: Option<Instant>,
-}
-
-/// Poll `tasks` on this thread until every one has completed. A task that
-/// panics is dropped and `panicked` is told its id and the panic's message;
-/// the others go on. Between polls, an idle thread waits as `idle` says.
-pub(crate) fn run<'a, T: Copy>(
-    tasks: impl IntoIterator<Item = (T, LocalFuture<'a>)>,
-    idle: &IdleWait,
-    mut panicked: impl FnMut(T, String),
+/// Run `tasks` on `threads` threads, this one among them, until every one
+/// has completed; between polls an idle thread waits as `idle` says. A task
+/// that panics is dropped and `panicked` is told its id and the panic's
+/// message; the others go on. (The host's own runs spawn their threads
+/// themselves and use [`Pool`].)
+#[cfg(any(test, feature = "bench"))]
+pub(crate) fn run<'a, T: Copy + Send + Sync>(
+    threads: usize,
+    tasks: impl IntoIterator<Item = (T, TaskFuture<'a>)>,
+    idle: &'a IdleWait,
+    panicked: impl Fn(T, String) + Sync,
 ) {
-    let notify = Arc::new(Notify {
-        thread: std::thread::current(),
-        woken: AtomicBool::new(false),
+    let pool = Pool::new(tasks, threads, idle);
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            scope.spawn(|| pool.work(&panicked));
+        }
+        pool.work(&panicked);
     });
-    let mut tasks: Vec<Task<'a, T>> = tasks
-        .into_iter()
-        .map(|(id, future)| Task {
-            id,
-            future,
-            waker: Arc::new(TaskWaker {
-                ready: AtomicBool::new(true),
-                notify: Arc::clone(&notify),
-            }),
-            brief: false,
-            deadline: None,
-        })
-        .collect();
-    while !tasks.is_empty() {
-        notify.woken.store(false, Ordering::Release);
-        let mut polled = false;
-        let mut i = 0;
-        while i < tasks.len() {
-            let task = &mut tasks[i];
-            if !task.waker.ready.swap(false, Ordering::AcqRel) {
-                i += 1;
-                continue;
-            }
-            polled = true;
-            BRIEF.with(|b| b.set(false));
-            DEADLINE.with(|d| d.set(None));
-            let waker = Waker::from(Arc::clone(&task.waker));
-            let mut cx = Context::from_waker(&waker);
-            let poll =
-                std::panic::catch_unwind(AssertUnwindSafe(|| task.future.as_mut().poll(&mut cx)));
-            task.brief = BRIEF.with(Cell::get);
-            task.deadline = DEADLINE.with(Cell::get);
-            match poll {
-                Ok(Poll::Pending) => i += 1,
-                Ok(Poll::Ready(())) => {
-                    tasks.swap_remove(i);
-                }
-                Err(payload) => {
-                    let id = task.id;
-                    tasks.swap_remove(i);
-                    panicked(id, panic_message(payload.as_ref()));
-                }
-            }
-        }
-        if polled || notify.woken.load(Ordering::Acquire) {
-            continue;
-        }
-        // Idle: every task waits.
-        if tasks.iter().any(|t| t.brief) {
-            idle.wait(|| notify.woken.load(Ordering::Acquire));
-        }
-        let deadline = tasks.iter().filter_map(|t| t.deadline).min();
-        // A wake-up may be spurious: the flags say what happened.
-        if !notify.woken.load(Ordering::Acquire) {
-            match deadline {
-                Some(at) => std::thread::park_timeout(at.saturating_duration_since(Instant::now())),
-                None => std::thread::park(),
-            }
-        }
-        if let Some(at) = deadline
-            && Instant::now() >= at
-        {
-            for task in tasks.iter().filter(|t| t.deadline.is_some_and(|d| d <= at)) {
-                task.waker.ready.store(true, Ordering::Release);
-            }
-        }
-    }
 }
 
 /// The text of a panic's payload.
@@ -197,22 +103,24 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Run `future` to completion on this thread as the executor's only task,
 /// for tests of futures that rely on [`poll_again_at`].
 #[cfg(test)]
-pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
+pub(crate) fn block_on<F: Future<Output: Send> + Send>(future: F) -> F::Output {
     let mut out = None;
-    let task: LocalFuture<'_> = Box::pin(async {
+    let task: TaskFuture<'_> = Box::pin(async {
         out = Some(future.await);
     });
-    run([((), task)], &IdleWait::new(1), |(), m| panic!("{m}"));
+    run(1, [((), task)], &IdleWait::new(1), |(), m| panic!("{m}"));
     out.expect("the task completed")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::task::{Poll, Waker};
     use std::time::Duration;
 
-    type Boxed<'a> = LocalFuture<'a>;
+    type Boxed<'a> = TaskFuture<'a>;
 
     /// A future pending until its flag is set by anyone, waking through
     /// the stored waker.
@@ -275,7 +183,7 @@ mod tests {
                 }),
             ),
         ];
-        run(tasks, &idle, |_, m| panic!("{m}"));
+        run(1, tasks, &idle, |_, m| panic!("{m}"));
         setter.join().unwrap();
         assert_eq!(*order.lock().unwrap(), vec![1, 0]);
     }
@@ -294,7 +202,7 @@ mod tests {
                 Poll::Pending
             })),
         )];
-        run(tasks, &idle, |_, m| panic!("{m}"));
+        run(1, tasks, &idle, |_, m| panic!("{m}"));
         assert!(Instant::now() >= until);
     }
 
@@ -302,7 +210,7 @@ mod tests {
     fn a_panicking_task_is_reported_and_the_others_finish() {
         let idle = IdleWait::new(1);
         let done = AtomicBool::new(false);
-        let mut panics = Vec::new();
+        let panics = Mutex::new(Vec::new());
         let tasks: Vec<(u8, Boxed<'_>)> = vec![
             (7, Box::pin(async { panic!("broken") })),
             (
@@ -312,8 +220,115 @@ mod tests {
                 }),
             ),
         ];
-        run(tasks, &idle, |id, m| panics.push((id, m)));
-        assert_eq!(panics, vec![(7, "broken".to_owned())]);
+        run(1, tasks, &idle, |id, m| {
+            panics.lock().unwrap().push((id, m))
+        });
+        assert_eq!(*panics.lock().unwrap(), vec![(7, "broken".to_owned())]);
         assert!(done.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn ready_tasks_go_on_while_one_thread_is_held() {
+        // Task 0 holds its thread (as the operating system holds a thread
+        // it has set aside) until tasks 1–3, which wait for each other in
+        // turn, have all run: the other thread must run all three.
+        // Splitting the tasks between the threads would leave one of them
+        // behind the held thread.
+        for idle in IdleWait::every_way() {
+            let (one, two) = (Flag::default(), Flag::default());
+            let released = AtomicBool::new(false);
+            let held = Mutex::new(None);
+            let tasks: Vec<(u8, Boxed<'_>)> = vec![
+                (
+                    0,
+                    Box::pin(async {
+                        let since = Instant::now();
+                        while !released.load(Ordering::Acquire)
+                            && since.elapsed() < Duration::from_secs(10)
+                        {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        *held.lock().unwrap() = Some(since.elapsed());
+                    }),
+                ),
+                (
+                    1,
+                    Box::pin(async {
+                        one.wait(true).await;
+                        released.store(true, Ordering::Release);
+                    }),
+                ),
+                (
+                    2,
+                    Box::pin(async {
+                        two.wait(true).await;
+                        one.set();
+                    }),
+                ),
+                (3, Box::pin(async { two.set() })),
+            ];
+            run(2, tasks, &idle, |_, m| panic!("{m}"));
+            assert!(released.load(Ordering::Acquire));
+            let held = held.lock().unwrap().expect("task 0 ran");
+            assert!(held < Duration::from_secs(10), "{idle:?}: held {held:?}");
+        }
+    }
+
+    #[test]
+    fn a_task_woken_while_it_is_polled_is_polled_again() {
+        // A task that wakes itself before returning `Pending` (as a guest
+        // yielding at an epoch tick does) must be polled again, not lost.
+        let idle = IdleWait::new(2);
+        let polls = AtomicUsize::new(0);
+        let tasks: Vec<(u8, Boxed<'_>)> = vec![(
+            0,
+            Box::pin(std::future::poll_fn(|cx| {
+                if polls.fetch_add(1, Ordering::Relaxed) == 1000 {
+                    return Poll::Ready(());
+                }
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            })),
+        )];
+        run(2, tasks, &idle, |_, m| panic!("{m}"));
+        assert_eq!(polls.load(Ordering::Relaxed), 1001);
+    }
+
+    #[test]
+    fn the_tasks_of_a_thread_that_never_came_are_run_by_the_others() {
+        // A pool for two threads of which only one works (the other could
+        // not be started): the missing thread's task, woken while the one
+        // thread is parked, must still be run, well before its own
+        // deadline would poll it.
+        let idle = IdleWait::new(2);
+        let flag = Arc::new(Flag::default());
+        let remote = Arc::clone(&flag);
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            remote.set();
+        });
+        let started = Instant::now();
+        let tasks: Vec<(u8, Boxed<'_>)> = vec![
+            (0, Box::pin(async {})),
+            (
+                1,
+                Box::pin(async {
+                    let limit = started + Duration::from_secs(10);
+                    std::future::poll_fn(|cx| {
+                        *flag.waker.lock().unwrap() = Some(cx.waker().clone());
+                        if flag.set.load(Ordering::Acquire) || Instant::now() >= limit {
+                            return Poll::Ready(());
+                        }
+                        poll_again_at(limit);
+                        Poll::Pending
+                    })
+                    .await;
+                }),
+            ),
+        ];
+        Pool::new(tasks, 2, &idle).work(|_, m| panic!("{m}"));
+        setter.join().unwrap();
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(5), "took {took:?}");
     }
 }
