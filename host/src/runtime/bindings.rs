@@ -1,5 +1,6 @@
 //! Host bindings generated from `wit/trainhost.wit`. Nothing here is written
-//! by hand; `rank.rs` implements the generated traits.
+//! by hand; `session.rs`, `collective.rs` and `tensors.rs` implement the
+//! generated traits for a rank (`rank.rs`).
 
 wasmtime::component::bindgen!({
     path: "../wit",

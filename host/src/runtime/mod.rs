@@ -9,6 +9,7 @@ pub(crate) mod limits;
 pub(crate) mod output;
 mod rank;
 pub(crate) mod sandbox;
+mod session;
 mod tensor_exchange;
 mod tensor_files;
 mod tensors;

@@ -1,0 +1,134 @@
+//! The `context` and `session` imports: where a rank sits, the run's
+//! config, and `report` / `get-checkpoint`, turned into the attempt's calls
+//! and their refusals back into WIT types.
+
+use std::path::Path;
+
+use super::bindings::trainhost::train::{context, session};
+use super::rank::{RankState, StoppedByHost};
+use super::sandbox::SCRATCH_GUEST_PATH;
+use crate::attempt::{Aborted, HandOver, Refused, Reported};
+use crate::metrics::{MetricValue, Metrics};
+
+impl context::Host for RankState {
+    fn world_rank(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.world_rank)
+    }
+    fn world_size(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.world_size)
+    }
+    fn local_rank(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.local_rank)
+    }
+    fn local_world_size(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.local_world_size)
+    }
+    fn node_rank(&mut self) -> wasmtime::Result<u32> {
+        Ok(self.info.node_rank)
+    }
+    fn config(&mut self) -> wasmtime::Result<String> {
+        Ok(self.shared.config_json.to_string())
+    }
+    fn run_name(&mut self) -> wasmtime::Result<String> {
+        Ok(self.shared.run_name.to_string())
+    }
+    fn scratch_dir(&mut self) -> wasmtime::Result<String> {
+        Ok(SCRATCH_GUEST_PATH.to_owned())
+    }
+}
+
+impl session::Host for RankState {
+    async fn report(
+        &mut self,
+        metrics: Vec<session::Metric>,
+        checkpoint: Option<String>,
+    ) -> wasmtime::Result<Result<(), session::ReportError>> {
+        self.report_with(metrics, checkpoint, false).await
+    }
+
+    async fn report_handing_over(
+        &mut self,
+        metrics: Vec<session::Metric>,
+        checkpoint: String,
+    ) -> wasmtime::Result<Result<(), session::ReportError>> {
+        self.report_with(metrics, Some(checkpoint), true).await
+    }
+
+    fn preemption_requested(&mut self) -> wasmtime::Result<bool> {
+        Ok(self.attempt.preemption_requested())
+    }
+
+    fn get_checkpoint(&mut self) -> wasmtime::Result<Option<String>> {
+        self.attempt
+            .get_checkpoint()
+            .map_err(|Aborted| wasmtime::Error::new(StoppedByHost))
+    }
+}
+
+impl RankState {
+    /// `report`, or with `hand_over`, `report-handing-over`.
+    async fn report_with(
+        &mut self,
+        metrics: Vec<session::Metric>,
+        checkpoint: Option<String>,
+        hand_over: bool,
+    ) -> wasmtime::Result<Result<(), session::ReportError>> {
+        use session::ReportError;
+        // Refusals before the ranks meet do not count as this rank's
+        // report: the guest may fix the call and make it again.
+        let metrics = match Metrics::from_pairs(metrics.into_iter().map(|m| {
+            let value = match m.value {
+                session::MetricValue::Integer(v) => MetricValue::Integer(v),
+                session::MetricValue::Float(v) => MetricValue::Float(v),
+                session::MetricValue::Text(v) => MetricValue::Text(v),
+                session::MetricValue::Boolean(v) => MetricValue::Boolean(v),
+            };
+            (m.name, value)
+        })) {
+            Ok(m) => m,
+            Err(e) => return Ok(Err(ReportError::InvalidMetrics(e.to_string()))),
+        };
+        if let Err(refused) = self.attempt.check_metrics(&metrics) {
+            return Ok(Err(report_error(refused)));
+        }
+        let open_for_writing = match checkpoint {
+            Some(_) => self.writers.inodes(),
+            None => Default::default(),
+        };
+        let sandbox = &self.sandbox;
+        let move_out =
+            |path: &str, to: &Path| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                Ok(sandbox.hand_over(path, to)?)
+            };
+        let reported = match &checkpoint {
+            None => None,
+            Some(path) => match sandbox.open_dir(path) {
+                Ok(dir) => Some(Reported {
+                    dir,
+                    shown: path.as_str(),
+                    hand_over: hand_over.then_some(&move_out as HandOver<'_>),
+                    open_for_writing,
+                }),
+                Err(e) => return Ok(Err(ReportError::InvalidCheckpoint(e.to_string()))),
+            },
+        };
+        match self.attempt.report(metrics, reported).await {
+            Ok(Ok(())) => Ok(Ok(())),
+            Ok(Err(refused)) => Ok(Err(report_error(refused))),
+            Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
+        }
+    }
+}
+
+/// A refused report as the guest sees it.
+fn report_error(refused: Refused) -> session::ReportError {
+    use session::ReportError;
+    let message = refused.to_string();
+    match refused {
+        Refused::Score(_) => ReportError::InvalidMetrics(message),
+        Refused::Capture(_) | Refused::TooLarge { .. } | Refused::HandOver(_) => {
+            ReportError::InvalidCheckpoint(message)
+        }
+        Refused::Collision(_) | Refused::Elsewhere(_) => ReportError::Collision(message),
+    }
+}
