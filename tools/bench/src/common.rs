@@ -22,8 +22,13 @@ pub(crate) struct Row {
     pub ours: f64,
     pub unit: Unit,
     pub goal: String,
-    /// Whether the goal is met, when it is a number.
+    /// Whether the goal is met by the medians, when it is a number.
     pub met: Option<bool>,
+    /// How many repetitions, judged on their own, met the goal, and of
+    /// how many: a median that meets a goal some repetitions miss (or the
+    /// reverse) is a result a re-run may not reproduce. `None` for a
+    /// single measure or no goal.
+    pub met_in: Option<(usize, usize)>,
     /// The lowest and highest ratio of ours to the baseline over the
     /// repetitions, each taken in the same repetition: how far a re-run
     /// may move the ratio. `None` for a single measure.
@@ -49,14 +54,15 @@ impl Paired {
     }
 
     /// A row of times: the medians, the range of the ratios, and `met`
-    /// as `judge` finds it from the medians (baseline, ours).
+    /// as `judge` finds it from the medians (baseline, ours) and from each
+    /// repetition.
     pub(crate) fn row(
         &self,
         group: &'static str,
         measure: String,
         baseline_name: String,
         goal: String,
-        judge: impl FnOnce(f64, f64) -> Option<bool>,
+        judge: impl Fn(f64, f64) -> Option<bool>,
     ) -> Row {
         let (baseline, ours) = self.medians();
         Row {
@@ -68,8 +74,25 @@ impl Paired {
             unit: Unit::Nanos,
             goal,
             met: judge(baseline, ours),
+            met_in: self.met_in(judge),
             spread: self.spread(),
         }
+    }
+
+    /// How many repetitions meet the goal as `judge` finds it from their
+    /// pair (baseline, ours), and of how many; `None` for a single
+    /// repetition or a row without a goal.
+    pub(crate) fn met_in(
+        &self,
+        judge: impl Fn(f64, f64) -> Option<bool>,
+    ) -> Option<(usize, usize)> {
+        let judged: Vec<bool> = self
+            .baseline
+            .iter()
+            .zip(&self.ours)
+            .filter_map(|(&b, &o)| judge(b, o))
+            .collect();
+        (judged.len() > 1).then(|| (judged.iter().filter(|&&m| m).count(), judged.len()))
     }
 
     /// The range of the per-repetition ratios, when there are several.

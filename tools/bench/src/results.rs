@@ -24,14 +24,27 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
             r.spread
                 .map_or(String::new(), |(lo, hi)| format!(" ({lo:.2}–{hi:.2})")),
             r.goal,
-            match r.met {
-                Some(true) => "yes",
-                Some(false) => "**no**",
-                None => "",
-            }
+            met(r.met, r.met_in),
         ));
     }
     out
+}
+
+/// The met column: the medians' verdict, and how many repetitions agree
+/// with it when not all do.
+fn met(median: Option<bool>, met_in: Option<(usize, usize)>) -> String {
+    let verdict = match median {
+        Some(true) => "yes",
+        Some(false) => "**no**",
+        None => return String::new(),
+    };
+    match (median, met_in) {
+        (Some(true), Some((k, n))) if k < n => {
+            format!("{verdict}, not in {} of {n} repetitions", n - k)
+        }
+        (Some(false), Some((k, n))) if k > 0 => format!("{verdict}, met in {k} of {n} repetitions"),
+        _ => verdict.to_owned(),
+    }
 }
 
 pub(crate) fn machine() -> String {

@@ -52,6 +52,7 @@ pub(crate) fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
             goals::CLI_WARM_NS / 1e9
         ),
         met: Some(warm <= goals::CLI_WARM_NS),
+        met_in: pairs.met_in(|_, o| Some(o <= goals::CLI_WARM_NS)),
         spread: pairs.spread(),
     }])
 }

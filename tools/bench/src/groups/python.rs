@@ -111,6 +111,7 @@ fn start(bin: &Path, python: &str, work: &Path, reps: usize) -> Result<Vec<Row>>
             unit: Unit::Nanos,
             goal: goals::comparison("what CPython in the component costs"),
             met: None,
+            met_in: None,
             spread: pairs.spread(),
         }
     };

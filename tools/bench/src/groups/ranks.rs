@@ -79,6 +79,7 @@ pub(crate) fn ranks(quick: bool, cache: &Path) -> Result<Vec<Row>> {
                 (wall - wall1) / 1e6 / f64::from(n - 1)
             ),
             met: None,
+            met_in: None,
             spread: None,
         });
         rows.push(Row {
@@ -94,6 +95,7 @@ pub(crate) fn ranks(quick: bool, cache: &Path) -> Result<Vec<Row>> {
                 (rss - rss1) / (1024.0 * 1024.0) / f64::from(n - 1)
             ),
             met: Some((rss - rss1) / (1024.0 * 1024.0) / f64::from(n - 1) <= goals::RANK_MIB),
+            met_in: None,
             spread: None,
         });
     }

@@ -56,6 +56,7 @@ pub(crate) fn restart(reps: usize, cache: &Path) -> Result<Vec<Row>> {
                 goals::RESTART_NS / 1e6
             ),
             met: Some(again <= goals::RESTART_NS),
+            met_in: pairs.met_in(|_, o| Some(o <= goals::RESTART_NS)),
             spread: pairs.spread(),
         });
     }

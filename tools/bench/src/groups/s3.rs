@@ -132,6 +132,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
                 1.0 / goals::S3_SPEEDUP
             ),
             met: Some(ow * goals::S3_SPEEDUP <= aw),
+            met_in: wall_pairs.met_in(|b, o| Some(o * goals::S3_SPEEDUP <= b)),
             spread: wall_pairs.spread(),
         },
         Row {
@@ -143,6 +144,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × its CPU", goals::S3_CPU_SHARE),
             met: Some(oc <= goals::S3_CPU_SHARE * ac),
+            met_in: cpu_pairs.met_in(|b, o| Some(o <= goals::S3_CPU_SHARE * b)),
             spread: cpu_pairs.spread(),
         },
     ];

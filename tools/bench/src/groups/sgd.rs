@@ -78,6 +78,7 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
             met: Some(g <= goals::SGD_VS_NATIVE * n),
+            met_in: guest_vs_native.met_in(|b, o| Some(o <= goals::SGD_VS_NATIVE * b)),
             spread: guest_vs_native.spread(),
         },
         Row {
@@ -89,6 +90,7 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: format!("≤ {} × native", goals::SGD_VS_NATIVE),
             met: Some(h <= goals::SGD_VS_NATIVE * n),
+            met_in: calls_vs_native.met_in(|b, o| Some(o <= goals::SGD_VS_NATIVE * b)),
             spread: calls_vs_native.spread(),
         },
         Row {
@@ -100,6 +102,7 @@ pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
             unit: Unit::Nanos,
             goal: goals::comparison("what the limits cost"),
             met: None,
+            met_in: None,
             spread: limits_cost.spread(),
         },
     ])
