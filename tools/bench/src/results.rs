@@ -98,3 +98,35 @@ pub(crate) fn write_results(
 pub(crate) fn humantime_secs(d: Duration) -> String {
     format!("{:.0} s", d.as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::Paired;
+
+    #[test]
+    fn a_verdict_names_the_repetitions_that_disagree_with_it() {
+        let goal = |b: f64, o: f64| Some(o <= 1.2 * b);
+        // Medians 1.15×: met, though the second repetition (1.9×) is not.
+        let mut pairs = Paired::default();
+        for (b, o) in [(100.0, 112.0), (100.0, 190.0), (100.0, 115.0)] {
+            pairs.push(b, o);
+        }
+        let row = pairs.row("g", "m".into(), "b".into(), "goal".into(), goal);
+        assert_eq!(row.met_in, Some((2, 3)));
+        assert_eq!(met(row.met, row.met_in), "yes, not in 1 of 3 repetitions");
+        // Every repetition agrees: the verdict alone.
+        assert_eq!(met(Some(true), Some((3, 3))), "yes");
+        assert_eq!(met(Some(false), Some((0, 3))), "**no**");
+        assert_eq!(
+            met(Some(false), Some((5, 9))),
+            "**no**, met in 5 of 9 repetitions"
+        );
+        // One repetition, or no goal: nothing to compare.
+        let mut single = Paired::default();
+        single.push(100.0, 190.0);
+        assert_eq!(single.met_in(goal), None);
+        assert_eq!(pairs.met_in(|_, _| None), None);
+        assert_eq!(met(None, None), "");
+    }
+}
