@@ -74,9 +74,20 @@ impl Paired {
             unit: Unit::Nanos,
             goal,
             met: judge(baseline, ours),
-            met_in: self.met_in(judge),
+            met_in: self.met_in(&judge),
             spread: self.spread(),
         }
+    }
+
+    /// `judge`'s verdict on the medians and how many repetitions it finds
+    /// meeting the goal: [`Row::met`] and [`Row::met_in`] from one
+    /// statement of the goal.
+    pub(crate) fn judged(
+        &self,
+        judge: impl Fn(f64, f64) -> Option<bool>,
+    ) -> (Option<bool>, Option<(usize, usize)>) {
+        let (baseline, ours) = self.medians();
+        (judge(baseline, ours), self.met_in(&judge))
     }
 
     /// How many repetitions meet the goal as `judge` finds it from their
