@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 
 use crate::ledger::Ledger;
@@ -58,6 +59,9 @@ pub(crate) struct RestoreCache {
     host_root: PathBuf,
     guest_root: String,
     entries: Mutex<HashMap<String, Arc<Restored>>>,
+    /// Damaged checkpoints already reported: every rank, and every attempt,
+    /// runs into them.
+    damaged: Mutex<HashSet<String>>,
 }
 
 impl RestoreCache {
@@ -67,6 +71,35 @@ impl RestoreCache {
             host_root,
             guest_root: guest_root.to_owned(),
             entries: Mutex::new(HashMap::new()),
+            damaged: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Start restoring, in the background, the checkpoint the ranks of the
+    /// next attempt will be handed (the one [`Restorer::resolve`] chooses
+    /// from `ledger` and `resume_from`), so that the copy overlaps what
+    /// comes before they ask for it: recording the failure, starting them.
+    /// They wait for this copy instead of making their own; its outcome is
+    /// the cache's, met and acted on by the attempt's own resolve.
+    pub fn prefetch(
+        self: &Arc<Self>,
+        ledger: Arc<Ledger>,
+        resume_from: Option<Checkpoint>,
+        handle: &Handle,
+    ) {
+        let restorer = Restorer::new(Arc::clone(self), ledger, resume_from);
+        let handle = handle.clone();
+        // On a thread of its own: the copy's future borrows across awaits
+        // in ways `spawn` cannot take, and the I/O runtime's workers are
+        // busy recording the failure meanwhile.
+        let started = std::thread::Builder::new()
+            .name("trainhost-restore".into())
+            .spawn(move || {
+                let _ = handle.block_on(restorer.resolve());
+            });
+        if let Err(e) = started {
+            // The ranks copy it themselves, as without a prefetch.
+            tracing::debug!("cannot start copying the checkpoint ahead: {e}");
         }
     }
 
@@ -82,15 +115,33 @@ impl RestoreCache {
             Arc::clone(entries.entry(key.to_owned()).or_default())
         };
         // The first caller downloads; the others wait for its result.
-        cell.get_or_init(|| async {
-            match self.download(key, checkpoint).await {
-                Ok(()) => Ok(format!("{}/{key}", self.guest_root)),
-                Err(e @ Error::Verification { .. }) => Err(RestoreFailed::Corrupt(Arc::new(e))),
-                Err(e) => Err(RestoreFailed::Failed(Arc::new(e))),
+        let restored = cell
+            .get_or_init(|| async {
+                match self.download(key, checkpoint).await {
+                    Ok(()) => Ok(format!("{}/{key}", self.guest_root)),
+                    Err(e @ Error::Verification { .. }) => Err(RestoreFailed::Corrupt(Arc::new(e))),
+                    Err(e) => Err(RestoreFailed::Failed(Arc::new(e))),
+                }
+            })
+            .await
+            .clone();
+        if let Err(RestoreFailed::Failed(_)) = &restored {
+            // Storage that failed may work again: the next attempt tries
+            // anew (damage, by contrast, stays).
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            if entries.get(key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                entries.remove(key);
             }
-        })
-        .await
-        .clone()
+        }
+        restored
+    }
+
+    /// Whether `name` is reported damaged for the first time.
+    fn first_report_of_damage(&self, name: &str) -> bool {
+        self.damaged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_owned())
     }
 
     async fn download(&self, key: &str, checkpoint: &Checkpoint) -> Result<(), Error> {
@@ -124,8 +175,6 @@ pub(super) struct Restorer {
     /// node 0's choice.
     ledger: Option<Arc<Ledger>>,
     resume_from: Option<Checkpoint>,
-    /// Damaged checkpoints already reported: every rank runs into them.
-    damaged: Mutex<HashSet<String>>,
 }
 
 impl Restorer {
@@ -138,7 +187,6 @@ impl Restorer {
             cache,
             ledger: Some(ledger),
             resume_from,
-            damaged: Mutex::new(HashSet::new()),
         }
     }
 
@@ -149,7 +197,6 @@ impl Restorer {
             cache,
             ledger: None,
             resume_from: checkpoint,
-            damaged: Mutex::new(HashSet::new()),
         }
     }
 
@@ -180,12 +227,7 @@ impl Restorer {
                 // Every rank walks the same cached results, so all settle on
                 // the same older checkpoint.
                 Err(RestoreFailed::Corrupt(e)) => {
-                    let first_time = self
-                        .damaged
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(name.clone());
-                    if first_time {
+                    if self.cache.first_report_of_damage(&name) {
                         tracing::error!(
                             "checkpoint {name} of the run is damaged in storage and is skipped: {}",
                             crate::error::chain(e.as_ref())
@@ -211,5 +253,83 @@ impl Restorer {
             },
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Retention;
+    use crate::metrics::Metrics;
+    use crate::storage::Storage;
+
+    /// A run in memory with one committed checkpoint holding `w`.
+    fn committed(rt: &tokio::runtime::Runtime) -> (Arc<Ledger>, Storage) {
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let storage = Storage::from_store(store, "memory://t").child("run");
+        let ledger =
+            crate::ledger::open_for_test(rt, &storage, Retention::default(), false).unwrap();
+        let work = tempfile::tempdir().unwrap();
+        std::fs::write(work.path().join("w"), "weights").unwrap();
+        let dir =
+            cap_std::fs::Dir::open_ambient_dir(work.path(), cap_std::ambient_authority()).unwrap();
+        let plan =
+            crate::persist::merge(vec![crate::persist::capture(0, dir, "ck").unwrap()]).unwrap();
+        let uploaded = rt.block_on(ledger.upload(0, &plan, true)).unwrap();
+        rt.block_on(ledger.commit_uploaded(0, 0, &Metrics::new(), &[0], 1, uploaded))
+            .unwrap();
+        (Arc::new(ledger), storage)
+    }
+
+    /// Storage that failed during a restore is asked again by the next
+    /// attempt: only damage is remembered for the run.
+    #[test]
+    fn a_restore_that_failed_is_tried_again_by_the_next_attempt() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (ledger, storage) = committed(&rt);
+        let root = tempfile::tempdir().unwrap();
+        let cache = Arc::new(RestoreCache::new(root.path().to_path_buf(), "/restored"));
+        let dir = storage.child("checkpoint_000000");
+        let bytes = rt.block_on(dir.get("w")).unwrap().unwrap();
+        rt.block_on(dir.delete("w")).unwrap();
+        let first = Restorer::new(Arc::clone(&cache), Arc::clone(&ledger), None);
+        let e = rt.block_on(first.resolve()).unwrap_err();
+        assert!(matches!(e, RestoreError::Failed(_)), "{e}");
+
+        rt.block_on(dir.put("w", bytes)).unwrap();
+        let next = Restorer::new(Arc::clone(&cache), ledger, None);
+        let path = rt.block_on(next.resolve()).unwrap();
+        assert_eq!(path.as_deref(), Some("/restored/checkpoint_000000"));
+        let restored = root.path().join("checkpoint_000000/w");
+        assert_eq!(std::fs::read_to_string(restored).unwrap(), "weights");
+    }
+
+    /// The copy started ahead of an attempt is the one its ranks are
+    /// handed.
+    #[test]
+    fn the_ranks_are_handed_the_copy_started_ahead() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (ledger, _storage) = committed(&rt);
+        let root = tempfile::tempdir().unwrap();
+        let cache = Arc::new(RestoreCache::new(root.path().to_path_buf(), "/restored"));
+        cache.prefetch(Arc::clone(&ledger), None, rt.handle());
+        let restored = root.path().join("checkpoint_000000/w");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !restored.exists() {
+            assert!(std::time::Instant::now() < deadline, "no copy was made");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let key = "checkpoint_000000";
+        let cell = Arc::clone(cache.entries.lock().unwrap().get(key).unwrap());
+        let path = rt
+            .block_on(Restorer::new(Arc::clone(&cache), ledger, None).resolve())
+            .unwrap();
+        assert_eq!(path.as_deref(), Some("/restored/checkpoint_000000"));
+        // Handed the prefetch's result, not a second copy.
+        assert!(Arc::ptr_eq(
+            &cell,
+            cache.entries.lock().unwrap().get(key).unwrap()
+        ));
+        assert!(cell.initialized());
     }
 }

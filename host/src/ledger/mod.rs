@@ -216,6 +216,11 @@ impl Ledger {
         self.lock().state.attempts += 1;
     }
 
+    /// How many failures the run has had.
+    pub fn failure_count(&self) -> usize {
+        self.lock().state.failures.len()
+    }
+
     /// Record a failure; returns how many the run has had in all.
     pub fn record_failure(&self, failure: &RunFailure) -> Result<usize, Error> {
         let count = {

@@ -245,6 +245,13 @@ fn fit_owned(
         let Some(failure) = failure else {
             break preempted;
         };
+        // A restart follows unless this failure is one too many (checked
+        // again below, once it is recorded) or the machine is going away:
+        // the next ranks' checkpoint is copied meanwhile.
+        if !stop_requested && max_failures.allows(ledger.failure_count() + 1) {
+            site.restore
+                .prefetch(Arc::clone(&ledger), resume_from.clone(), rt.handle());
+        }
         let total = match ledger.record_failure(&failure) {
             Ok(total) => total,
             Err(e) => {
