@@ -1,16 +1,21 @@
 //! Competing work the suite starts itself, as on a busy training machine:
-//! a CPU-bound thread on every core, and optionally a writer dirtying the
-//! page cache as another process saving files would.
+//! a CPU-bound thread on every core, and optionally another process
+//! dirtying the page cache as a program saving files would.
 
 use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
+
+use anyhow::{Context, Result};
 
 /// Runs until dropped.
 pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
+    writer: Option<Child>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -18,14 +23,14 @@ pub(crate) struct Load {
 const WRITTEN: usize = 256 << 20;
 
 impl Load {
-    /// With `cpu`, a busy thread per core; with `writer`, a thread
-    /// rewriting a 256 MiB file in a loop, leaving its pages dirty for the
-    /// kernel to write back.
-    pub(crate) fn start(cpu: bool, writer: bool) -> Self {
+    /// With `cpu`, a busy thread per core; with `writer`, another process
+    /// (this program again) rewriting a 256 MiB file in a loop, leaving
+    /// its pages dirty for the kernel to write back.
+    pub(crate) fn start(cpu: bool, writer: bool) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let busy = if cpu { cores } else { 0 };
-        let mut threads: Vec<JoinHandle<()>> = (0..busy)
+        let threads: Vec<JoinHandle<()>> = (0..busy)
             .map(|_| {
                 let stop = Arc::clone(&stop);
                 std::thread::spawn(move || {
@@ -38,28 +43,35 @@ impl Load {
                 })
             })
             .collect();
-        let dir = writer.then(|| tempfile::tempdir().expect("a temporary directory"));
-        if let Some(dir) = &dir {
-            let path = dir.path().join("load.bin");
-            let stop = Arc::clone(&stop);
-            threads.push(std::thread::spawn(move || {
-                let chunk = vec![0x5au8; 1 << 20];
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(mut f) = std::fs::File::create(&path) else {
-                        return;
-                    };
-                    for _ in 0..WRITTEN / chunk.len() {
-                        if stop.load(Ordering::Relaxed) || f.write_all(&chunk).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }));
-        }
-        Self {
+        let dir = writer.then(tempfile::tempdir).transpose()?;
+        let writer = match &dir {
+            Some(dir) => Some(
+                Command::new(std::env::current_exe()?)
+                    .arg("--child-writer")
+                    .arg(dir.path().join("load.bin"))
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .context("start the competing writer process")?,
+            ),
+            None => None,
+        };
+        Ok(Self {
             stop,
             threads,
+            writer,
             _dir: dir,
+        })
+    }
+}
+
+/// The writer process: rewrite `path` until killed.
+pub(crate) fn write_forever(path: &Path) -> Result<()> {
+    let chunk = vec![0x5au8; 1 << 20];
+    loop {
+        let mut f =
+            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+        for _ in 0..WRITTEN / chunk.len() {
+            f.write_all(&chunk)?;
         }
     }
 }
@@ -69,6 +81,10 @@ impl Drop for Load {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if let Some(mut writer) = self.writer.take() {
+            let _ = writer.kill();
+            let _ = writer.wait();
         }
     }
 }

@@ -48,6 +48,10 @@ struct Args {
     /// Internal: the compile cache for --child-ranks.
     #[arg(long, hide = true)]
     child_cache: Option<PathBuf>,
+    /// Internal: rewrite this file until killed (the competing writer of
+    /// the restart measures).
+    #[arg(long, hide = true, value_name = "FILE")]
+    child_writer: Option<PathBuf>,
 }
 
 /// As the `trainhost` command line runs.
@@ -56,6 +60,9 @@ static ALLOCATOR: trainhost::HugePageAllocator = trainhost::HugePageAllocator;
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(file) = &args.child_writer {
+        return load::write_forever(file);
+    }
     if let Some(n) = args.child_ranks {
         return ranks::child_ranks(n, args.child_cache.as_deref());
     }

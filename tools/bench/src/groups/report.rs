@@ -54,7 +54,7 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
                 // The same with every core busy with other work, as on a
                 // shared training machine: a waiting rank must not take
                 // the core the rank it waits for needs.
-                let load = Load::start(true, false);
+                let load = Load::start(true, false)?;
                 let (loaded_ns, call_ns) = measure(workers, true)?;
                 drop(load);
                 loaded.push(call_ns, loaded_ns);

@@ -31,7 +31,7 @@ pub(crate) fn restart(reps: usize, cache: &Path) -> Result<Vec<Row>> {
     for (under, cpu, writer) in loads {
         let loaded = cpu || writer;
         let mut pairs = Paired::default();
-        let load = loaded.then(|| Load::start(cpu, writer));
+        let load = loaded.then(|| Load::start(cpu, writer)).transpose()?;
         // A restart takes tens of milliseconds: more samples are cheap.
         for _ in 0..reps * 3 {
             let (first, again) = restart_once(cache)?;
