@@ -16,8 +16,8 @@ mod tensors;
 mod trap;
 mod writes;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -37,8 +37,19 @@ use rank::RankState;
 /// How often running guests check whether the run is stopping.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 
-/// The WIT package version this host implements, for messages.
-pub(crate) const WIT_PACKAGE: &str = "trainhost:train@0.1.5";
+/// The WIT package this host implements (`trainhost:train@x.y.z`), for
+/// messages and the nodes' agreement: read from `wit/trainhost.wit`, the
+/// one place its version is written (the bindings come from the same
+/// file).
+pub(crate) fn wit_package() -> &'static str {
+    static PACKAGE: OnceLock<&str> = OnceLock::new();
+    PACKAGE.get_or_init(|| {
+        include_str!("../../../wit/trainhost.wit")
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("package ")?.strip_suffix(';'))
+            .expect("wit/trainhost.wit declares its package")
+    })
+}
 
 /// A guest compiled once and ready to instantiate for any number of ranks.
 pub(crate) struct GuestComponent {
@@ -103,7 +114,8 @@ impl GuestComponent {
         let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
             guest_err(
                 format!(
-                    "does not fit trainhost's world ({WIT_PACKAGE}, world `trainer`): it imports something the host does not provide; build it against trainhost-guest or wit/trainhost.wit"
+                    "does not fit trainhost's world ({package}, world `trainer`): it imports something the host does not provide; build it against trainhost-guest or wit/trainhost.wit",
+                    package = wit_package()
                 ),
                 Some(e),
             )
@@ -111,7 +123,8 @@ impl GuestComponent {
         let pre = TrainerPre::new(instance_pre).map_err(|e| {
             guest_err(
                 format!(
-                    "does not export trainhost's `train` function ({WIT_PACKAGE}, world `trainer`); declare an entry point with trainhost_guest::entry!"
+                    "does not export trainhost's `train` function ({package}, world `trainer`); declare an entry point with trainhost_guest::entry!",
+                    package = wit_package()
                 ),
                 Some(e),
             )
@@ -152,7 +165,7 @@ impl GuestComponent {
 /// package, or a WASI command instead of a training loop.
 fn describe_mismatch(engine: &Engine, component: &Component) -> Option<String> {
     let ty = component.component_type();
-    let ours = WIT_PACKAGE
+    let ours = wit_package()
         .rsplit_once('@')
         .map(|(_, v)| v)
         .unwrap_or_default();
@@ -164,8 +177,9 @@ fn describe_mismatch(engine: &Engine, component: &Component) -> Option<String> {
             && series(version) != series(ours)
         {
             return Some(format!(
-                "was built against trainhost:train@{version}, but this host implements {WIT_PACKAGE} (compatible with {}.x); rebuild the guest with the trainhost-guest version that matches this host, or run it with a trainhost that implements {version}",
-                series(ours)
+                "was built against trainhost:train@{version}, but this host implements {package} (compatible with {}.x); rebuild the guest with the trainhost-guest version that matches this host, or run it with a trainhost that implements {version}",
+                series(ours),
+                package = wit_package()
             ));
         }
     }
@@ -177,7 +191,8 @@ fn describe_mismatch(engine: &Engine, component: &Component) -> Option<String> {
         "is a WASI command (a `bin` crate with `fn main`), not a training loop; build a `cdylib` that declares its entry point with trainhost_guest::entry!".to_owned()
     } else {
         format!(
-            "does not export trainhost's `train` function ({WIT_PACKAGE}, world `trainer`); it exports {exports:?}. Declare an entry point with trainhost_guest::entry!"
+            "does not export trainhost's `train` function ({package}, world `trainer`); it exports {exports:?}. Declare an entry point with trainhost_guest::entry!",
+            package = wit_package()
         )
     })
 }
@@ -238,7 +253,16 @@ impl Drop for EpochTicker {
 
 #[cfg(test)]
 mod tests {
-    use super::check_header;
+    use super::{check_header, wit_package};
+
+    #[test]
+    fn the_package_is_the_one_the_wit_file_declares() {
+        let version = wit_package()
+            .strip_prefix("trainhost:train@")
+            .expect("the package is trainhost:train");
+        let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(parts.len(), 3, "{version}");
+    }
 
     #[test]
     fn tells_modules_and_garbage_from_components() {

@@ -153,7 +153,7 @@ pub(super) fn fingerprint(trainer: &Trainer, guest: &[u8]) -> Vec<(String, Strin
     let version = format!(
         "{} {}",
         env!("CARGO_PKG_VERSION"),
-        crate::runtime::WIT_PACKAGE
+        crate::runtime::wit_package()
     );
     digests(&[
         ("trainhost version", version.as_bytes()),
