@@ -263,12 +263,22 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::storage::Storage;
 
-    /// A run in memory with one committed checkpoint holding `w`.
-    fn committed(rt: &tokio::runtime::Runtime) -> (Arc<Ledger>, Storage) {
+    /// A run in memory with one committed checkpoint holding `w`, and an
+    /// empty restore cache for it.
+    struct Fixture {
+        rt: tokio::runtime::Runtime,
+        ledger: Arc<Ledger>,
+        storage: Storage,
+        root: tempfile::TempDir,
+        cache: Arc<RestoreCache>,
+    }
+
+    fn committed() -> Fixture {
+        let rt = tokio::runtime::Runtime::new().unwrap();
         let store = Arc::new(object_store::memory::InMemory::new());
         let storage = Storage::from_store(store, "memory://t").child("run");
         let ledger =
-            crate::ledger::open_for_test(rt, &storage, Retention::default(), false).unwrap();
+            crate::ledger::open_for_test(&rt, &storage, Retention::default(), false).unwrap();
         let work = tempfile::tempdir().unwrap();
         std::fs::write(work.path().join("w"), "weights").unwrap();
         let dir =
@@ -278,17 +288,28 @@ mod tests {
         let uploaded = rt.block_on(ledger.upload(0, &plan, true)).unwrap();
         rt.block_on(ledger.commit_uploaded(0, 0, &Metrics::new(), &[0], 1, uploaded))
             .unwrap();
-        (Arc::new(ledger), storage)
+        let root = tempfile::tempdir().unwrap();
+        let cache = Arc::new(RestoreCache::new(root.path().to_path_buf(), "/restored"));
+        Fixture {
+            rt,
+            ledger: Arc::new(ledger),
+            storage,
+            root,
+            cache,
+        }
     }
 
     /// Storage that failed during a restore is asked again by the next
     /// attempt: only damage is remembered for the run.
     #[test]
     fn a_restore_that_failed_is_tried_again_by_the_next_attempt() {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let (ledger, storage) = committed(&rt);
-        let root = tempfile::tempdir().unwrap();
-        let cache = Arc::new(RestoreCache::new(root.path().to_path_buf(), "/restored"));
+        let Fixture {
+            rt,
+            ledger,
+            storage,
+            root,
+            cache,
+        } = committed();
         let dir = storage.child("checkpoint_000000");
         let bytes = rt.block_on(dir.get("w")).unwrap().unwrap();
         rt.block_on(dir.delete("w")).unwrap();
@@ -308,10 +329,13 @@ mod tests {
     /// handed.
     #[test]
     fn the_ranks_are_handed_the_copy_started_ahead() {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let (ledger, _storage) = committed(&rt);
-        let root = tempfile::tempdir().unwrap();
-        let cache = Arc::new(RestoreCache::new(root.path().to_path_buf(), "/restored"));
+        let Fixture {
+            rt,
+            ledger,
+            root,
+            cache,
+            ..
+        } = committed();
         cache.prefetch(Arc::clone(&ledger), None, rt.handle());
         let restored = root.path().join("checkpoint_000000/w");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
