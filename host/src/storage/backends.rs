@@ -125,7 +125,8 @@ pub(super) fn cloud(
             let mut b = AmazonS3Builder::from_env()
                 .with_url(url.as_str())
                 .with_retry(retry(options))
-                .with_client_options(client(options));
+                .with_client_options(client(options))
+                .with_crypto_provider(Arc::new(super::signing::Signing));
             for (k, v) in &pairs {
                 let key: AmazonS3ConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
                 b = b.with_config(key, v);

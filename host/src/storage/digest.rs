@@ -24,6 +24,15 @@ impl FileDigest {
         }
     }
 
+    /// The digest of what was given so far (or the known one), as bytes;
+    /// `None` if the known one is not a SHA-256 in hex.
+    pub(super) fn current(&self) -> Option<[u8; 32]> {
+        match self {
+            Self::Computing(hasher) => Some(hasher.clone().finalize().into()),
+            Self::Known(hex) => hex::decode(hex).ok()?.try_into().ok(),
+        }
+    }
+
     /// The digest, in hex.
     pub(super) fn finish(self) -> String {
         match self {

@@ -30,6 +30,7 @@ pub(crate) mod held;
 mod local;
 mod progress;
 mod resend;
+mod signing;
 mod transfer;
 
 pub(crate) use conditional::Claim;

@@ -14,14 +14,18 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::digest::{FileDigest, check_size};
-use super::{Meter, Storage, local};
+use super::{Meter, Storage, local, signing};
 use crate::error::Error;
 
-/// Files up to this size go up in one request; larger ones as multipart
-/// uploads of parts this size. Memory per file in flight is bounded by
-/// `PART_SIZE * MAX_PARTS_IN_FLIGHT`, whatever the file's size.
+/// Files larger than [`ONE_REQUEST_MAX`] go up as multipart uploads of
+/// parts this size, at most this many parts of a file at once.
 const PART_SIZE: usize = 8 * 1024 * 1024;
 const MAX_PARTS_IN_FLIGHT: usize = 4;
+/// Files up to this size go up in one request: the same memory per file in
+/// flight as a multipart upload's parts, and the request is signed with the
+/// SHA-256 the manifest records (`signing`), where each part of a multipart
+/// upload has to be hashed again for its own signature.
+const ONE_REQUEST_MAX: usize = PART_SIZE * MAX_PARTS_IN_FLIGHT;
 
 impl Storage {
     /// Make the files [`Storage::upload_file`] wrote (`files`, relative to
@@ -86,7 +90,7 @@ impl Storage {
             operation: "read a checkpoint file",
             source,
         };
-        if size <= PART_SIZE as u64 {
+        if size <= ONE_REQUEST_MAX as u64 {
             let mut buf = Vec::with_capacity(size as usize);
             (&mut file)
                 .take(size + 1)
@@ -97,11 +101,15 @@ impl Storage {
             check_size(relative, size, read)?;
             hasher.update(&buf);
             let buf = Bytes::from(buf);
-            self.write(true, || async {
-                self.store
-                    .put(&location, PutPayload::from(buf.clone()))
-                    .await
-                    .map_err(|e| self.error(format!("upload {relative}"), e))
+            let sha256 = hasher
+                .current()
+                .unwrap_or_else(|| Sha256::digest(&buf).into());
+            self.write(true, || {
+                let put = self.store.put(&location, PutPayload::from(buf.clone()));
+                signing::known_payload(buf.clone(), sha256, async {
+                    put.await
+                        .map_err(|e| self.error(format!("upload {relative}"), e))
+                })
             })
             .await?;
             meter.inc(read);

@@ -31,6 +31,7 @@ mod resume;
 mod retention;
 mod servers;
 mod sharing;
+mod signing;
 mod tensorboard;
 mod tensors;
 mod util;

@@ -355,7 +355,12 @@ struct ProxyState {
     /// Bytes clients sent through the proxy.
     sent: std::sync::atomic::AtomicU64,
     live: Mutex<Vec<TcpStream>>,
+    /// What clients sent, a buffer per connection, when recording.
+    recorded: Option<Mutex<Vec<Recording>>>,
 }
+
+/// The bytes a client sent on one connection.
+type Recording = Arc<Mutex<Vec<u8>>>;
 
 impl ProxyState {
     fn cut(self: &Arc<Self>) {
@@ -390,6 +395,27 @@ impl Proxy {
     /// Down, it resets every connection and closes its listening socket, so
     /// that new connections are refused, as by a server that is gone.
     pub fn start_with_outage(upstream: u16, budget: i64, outage: Option<Duration>) -> Self {
+        Self::launch(upstream, budget, outage, false)
+    }
+
+    /// Forward to `upstream`, never cut, keeping every byte clients send
+    /// for [`Proxy::recorded`].
+    pub fn recording(upstream: u16) -> Self {
+        Self::launch(upstream, i64::MAX, None, true)
+    }
+
+    /// What clients sent so far, one buffer per connection in the order
+    /// they connected.
+    pub fn recorded(&self) -> Vec<Vec<u8>> {
+        let recorded = self.state.recorded.as_ref().expect("a recording proxy");
+        let connections = recorded.lock().unwrap();
+        connections
+            .iter()
+            .map(|c| c.lock().unwrap().clone())
+            .collect()
+    }
+
+    fn launch(upstream: u16, budget: i64, outage: Option<Duration>, record: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -398,6 +424,7 @@ impl Proxy {
             budget: AtomicI64::new(budget),
             sent: Default::default(),
             live: Mutex::new(Vec::new()),
+            recorded: record.then(Mutex::default),
             outage,
             cuts: Default::default(),
         });
@@ -440,8 +467,13 @@ impl Proxy {
                 }
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let up = Arc::clone(&st);
-                std::thread::spawn(move || pipe(client, server, Some(up)));
-                std::thread::spawn(move || pipe(s2, c2, None));
+                let record = st.recorded.as_ref().map(|r| {
+                    let buffer = Arc::default();
+                    r.lock().unwrap().push(Arc::clone(&buffer));
+                    buffer
+                });
+                std::thread::spawn(move || pipe(client, server, Some(up), record));
+                std::thread::spawn(move || pipe(s2, c2, None, None));
             }
         });
         Self { port, state }
@@ -469,7 +501,12 @@ impl Proxy {
     }
 }
 
-fn pipe(mut from: TcpStream, mut to: TcpStream, budget: Option<Arc<ProxyState>>) {
+fn pipe(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    budget: Option<Arc<ProxyState>>,
+    record: Option<Recording>,
+) {
     let mut buf = [0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf) {
@@ -494,6 +531,9 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, budget: Option<Arc<ProxyState>>)
                 let _ = to.shutdown(Shutdown::Both);
                 return;
             }
+        }
+        if let Some(record) = &record {
+            record.lock().unwrap().extend_from_slice(&buf[..n]);
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
