@@ -17,15 +17,19 @@ use super::digest::{FileDigest, check_size};
 use super::{Meter, Storage, local, signing};
 use crate::error::Error;
 
-/// Files larger than [`ONE_REQUEST_MAX`] go up as multipart uploads of
-/// parts this size, at most this many parts of a file at once.
+/// Files up to this size go up in one request, signed with the SHA-256 the
+/// manifest records (`signing`); larger ones as multipart uploads of parts
+/// this size, each part hashed again for its own signature. Memory per
+/// file in flight is bounded by `PART_SIZE * MAX_PARTS_IN_FLIGHT`,
+/// whatever the file's size.
+///
+/// Sending files of up to 32 MiB in one request would save that second
+/// hash for them too, but each would then be held whole until its request
+/// is done: uploading 8 files of 16 MiB to moto, user time fell by ~70 ms
+/// and system time rose by 30 to 210 ms (across runs), the kernel zeroing
+/// fresh pages for buffers that part-sized uploads recycle.
 const PART_SIZE: usize = 8 * 1024 * 1024;
 const MAX_PARTS_IN_FLIGHT: usize = 4;
-/// Files up to this size go up in one request: the same memory per file in
-/// flight as a multipart upload's parts, and the request is signed with the
-/// SHA-256 the manifest records (`signing`), where each part of a multipart
-/// upload has to be hashed again for its own signature.
-const ONE_REQUEST_MAX: usize = PART_SIZE * MAX_PARTS_IN_FLIGHT;
 
 impl Storage {
     /// Make the files [`Storage::upload_file`] wrote (`files`, relative to
@@ -90,7 +94,7 @@ impl Storage {
             operation: "read a checkpoint file",
             source,
         };
-        if size <= ONE_REQUEST_MAX as u64 {
+        if size <= PART_SIZE as u64 {
             let mut buf = Vec::with_capacity(size as usize);
             (&mut file)
                 .take(size + 1)
@@ -100,13 +104,13 @@ impl Storage {
             let read = buf.len() as u64;
             check_size(relative, size, read)?;
             hasher.update(&buf);
-            let buf = Bytes::from(buf);
             let sha256 = hasher
                 .current()
                 .unwrap_or_else(|| Sha256::digest(&buf).into());
+            let payload = PutPayload::from(buf);
             self.write(true, || {
-                let put = self.store.put(&location, PutPayload::from(buf.clone()));
-                signing::known_payload(buf.clone(), sha256, async {
+                let put = self.store.put(&location, payload.clone());
+                signing::known_payload(payload.clone(), sha256, async {
                     put.await
                         .map_err(|e| self.error(format!("upload {relative}"), e))
                 })

@@ -15,13 +15,12 @@ use trainhost::{
 use crate::servers::{self, Backend, Proxy};
 use crate::util::*;
 
-const BIG: usize = 40_000_000;
+const BIG: usize = 20_000_000;
 
 fn script() -> serde_json::Value {
     json!([
         {"print_checkpoint": true},
-        // Larger than one request may be: goes up as a concurrent multipart
-        // upload.
+        // Larger than one part: goes up as a concurrent multipart upload.
         {"write": "ckpt/big.bin", "bytes": BIG, "seed": 9, "ranks": [0]},
         {"write": "ckpt/shard-{rank}", "text": "rank {rank}"},
         {"report": {"loss": 1}, "checkpoint": "ckpt"},

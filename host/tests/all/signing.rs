@@ -11,10 +11,10 @@ use trainhost::{RunConfig, Trainer};
 use crate::servers::{self, Proxy};
 use crate::util::*;
 
-/// Sent in one request: larger than one part of a multipart upload.
-const ONE_REQUEST: usize = 20_000_000;
-/// Larger than one request may be: a multipart upload.
-const MULTIPART: usize = 40_000_000;
+/// Sent in one request (up to one part's size).
+const ONE_REQUEST: usize = 5_000_000;
+/// Larger than one part: a multipart upload.
+const MULTIPART: usize = 20_000_000;
 
 /// One HTTP/1.1 request: its request line, headers (names in lower case)
 /// and body.
