@@ -9,6 +9,24 @@ use tokio::sync::watch;
 
 use crate::failure::RunFailure;
 
+/// Milliseconds on a monotonic clock that is cheap to read. Every rank
+/// marks itself alive at each report and output line, thousands of times a
+/// second, for a stall timeout of seconds: Linux's coarse clock is read
+/// from memory without the time-stamp counter and lags the precise one by
+/// a scheduler tick at most.
+fn coarse_ms() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+        t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        BASE.get_or_init(Instant::now).elapsed().as_millis() as u64
+    }
+}
+
 /// One attempt's health, shared by its ranks and its watcher.
 #[derive(Debug)]
 pub(super) struct Supervisor {
@@ -17,6 +35,8 @@ pub(super) struct Supervisor {
     /// The same as `stopping`, for ranks that wait for it.
     stop_signal: watch::Sender<bool>,
     started: Instant,
+    /// `started` on the clock of [`coarse_ms`].
+    started_ms: u64,
     ranks: Vec<RankHealth>,
 }
 
@@ -41,6 +61,7 @@ impl Supervisor {
             stopping: AtomicBool::new(false),
             stop_signal: watch::Sender::new(false),
             started: Instant::now(),
+            started_ms: coarse_ms(),
             ranks: (0..world_size).map(|_| RankHealth::default()).collect(),
         }
     }
@@ -96,7 +117,7 @@ impl Supervisor {
 
     /// Rank `rank` showed a sign of life.
     pub fn alive(&self, rank: u32) {
-        let now = self.started.elapsed().as_millis() as u64;
+        let now = coarse_ms().saturating_sub(self.started_ms);
         self.ranks[rank as usize]
             .alive_at
             .store(now, Ordering::Relaxed);
@@ -132,7 +153,7 @@ impl Supervisor {
     /// A rank that has shown no sign of life for longer than `timeout`
     /// while running its own code, and for how long.
     pub fn stalled(&self, timeout: Duration) -> Option<(u32, Duration)> {
-        let now = self.started.elapsed();
+        let now = Duration::from_millis(coarse_ms().saturating_sub(self.started_ms));
         self.ranks.iter().enumerate().find_map(|(r, health)| {
             if health.ended.load(Ordering::Relaxed) || health.waiting.load(Ordering::Relaxed) {
                 return None;
