@@ -214,7 +214,9 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
 
     /// Wait for the outcome of `round`, which `rank` arrived for.
     async fn wait(&self, rank: usize, round: u64) -> Result<O, Result<Violation, Aborted>> {
-        let deadline = Instant::now() + self.timeout;
+        // Set at the first poll that has to wait: a round that is already
+        // decided reads no clock.
+        let mut deadline = None;
         std::future::poll_fn(|cx| {
             let mut st = self.lock();
             // A completed round's outcome stands even if the run began
@@ -228,21 +230,26 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             if st.aborted {
                 return Poll::Ready(Err(Err(Aborted)));
             }
-            if !st.closed && Instant::now() >= deadline {
-                let (came, missing): (Vec<usize>, Vec<usize>) =
-                    (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
-                let (came, missing) = (self.shown(came), self.shown(missing));
-                let what = self.calls(&st);
-                let waiting = st.abort();
-                drop(st);
-                wake(waiting);
-                return Poll::Ready(Err(Ok(Violation(format!(
-                    "ranks {came:?} waited {} in their {} collective call ({}) for ranks {missing:?}, which did not arrive; {SAME_CALLS} (raise the report timeout if a step can take longer)",
-                    humantime::format_duration(self.timeout),
-                    ordinal(round + 1),
-                    what,
-                )))));
-            }
+            let deadline = match deadline {
+                // Just arrived: the wait begins now.
+                None => *deadline.insert(Instant::now() + self.timeout),
+                Some(at) if st.closed || Instant::now() < at => at,
+                Some(_) => {
+                    let (came, missing): (Vec<usize>, Vec<usize>) =
+                        (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
+                    let (came, missing) = (self.shown(came), self.shown(missing));
+                    let what = self.calls(&st);
+                    let waiting = st.abort();
+                    drop(st);
+                    wake(waiting);
+                    return Poll::Ready(Err(Ok(Violation(format!(
+                        "ranks {came:?} waited {} in their {} collective call ({}) for ranks {missing:?}, which did not arrive; {SAME_CALLS} (raise the report timeout if a step can take longer)",
+                        humantime::format_duration(self.timeout),
+                        ordinal(round + 1),
+                        what,
+                    )))));
+                }
+            };
             match &mut st.waiting[rank] {
                 Some(w) if w.will_wake(cx.waker()) => {}
                 slot => *slot = Some(cx.waker().clone()),
