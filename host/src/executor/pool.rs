@@ -39,7 +39,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// How long a ready task waits for its own thread, while that thread has
 /// not begun a poll either, before another thread that has nothing to do
-/// takes it. A thread that keeps up begins a poll every microsecond or so
+/// takes it (as that thread sees it: the busy threads never read the
+/// clock for this). A thread that keeps up begins a poll every microsecond or so
 /// (a `report` takes about one); one that has not for this long is in a
 /// long poll (a guest computing) or set aside by the operating system for
 /// other work, which lasts milliseconds.
@@ -49,23 +50,18 @@ const STEAL_AFTER: Duration = Duration::from_micros(5);
 /// thread while that thread keeps up, so that its fiber and memory stay in
 /// that core's caches).
 struct Lane {
-    /// Task, and when it was queued (nanoseconds since the pool began).
-    ready: Mutex<VecDeque<(usize, u64)>>,
+    ready: Mutex<VecDeque<usize>>,
     /// `ready`'s length, read without the lock by idle threads.
     queued: AtomicUsize,
-    /// When the task at the front was queued, `u64::MAX` when empty.
-    front_since: AtomicU64,
-    /// When the lane's thread last began a poll.
-    polled_at: AtomicU64,
+    /// Polls the lane's thread has begun; only that thread writes it.
+    polls: AtomicU64,
     /// The thread whose lane this is, once it has called `work`.
     owner: OnceLock<Worker>,
 }
 
 impl Lane {
-    fn update(&self, ready: &VecDeque<(usize, u64)>) {
+    fn update(&self, ready: &VecDeque<usize>) {
         self.queued.store(ready.len(), Ordering::SeqCst);
-        let front = ready.front().map_or(u64::MAX, |&(_, since)| since);
-        self.front_since.store(front, Ordering::SeqCst);
     }
 
     fn pop(&self) -> Option<usize> {
@@ -73,18 +69,36 @@ impl Lane {
             return None;
         }
         let mut ready = lock(&self.ready);
-        let task = ready.pop_front().map(|(task, _)| task);
+        let task = ready.pop_front();
         self.update(&ready);
         task
     }
 
-    /// Whether another thread should take this lane's front task now.
-    fn stalled(&self, now: u64) -> bool {
-        let after = STEAL_AFTER.as_nanos() as u64;
-        self.queued.load(Ordering::SeqCst) > 0
-            && now.saturating_sub(self.front_since.load(Ordering::SeqCst)) >= after
-            && now.saturating_sub(self.polled_at.load(Ordering::Relaxed)) >= after
+    /// Whether another thread should take this lane's tasks now: it holds
+    /// some, and its thread has begun no poll for [`STEAL_AFTER`] since
+    /// `seen` (what the caller saw of this lane before, or else sees now).
+    fn stalled(&self, seen: &mut Option<Seen>, now: Instant) -> bool {
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            *seen = None;
+            return false;
+        }
+        let polls = self.polls.load(Ordering::Relaxed);
+        match seen {
+            Some(s) if s.polls == polls => now - s.at >= STEAL_AFTER,
+            _ => {
+                *seen = Some(Seen { polls, at: now });
+                false
+            }
+        }
     }
+}
+
+/// How many polls a lane's thread had begun when an idle thread first saw
+/// that count with tasks queued.
+#[derive(Clone, Copy)]
+struct Seen {
+    polls: u64,
+    at: Instant,
 }
 
 /// A thread taking part, as the queue wakes it.
@@ -105,7 +119,6 @@ impl Worker {
 /// What wakers reach: every task's state and the lanes. `'static`, unlike
 /// the tasks' futures, which may borrow.
 struct Queue {
-    began: Instant,
     states: Vec<AtomicU8>,
     lanes: Vec<Lane>,
     /// Tasks not yet completed.
@@ -113,10 +126,6 @@ struct Queue {
 }
 
 impl Queue {
-    fn now(&self) -> u64 {
-        self.began.elapsed().as_nanos() as u64
-    }
-
     fn home(&self, task: usize) -> &Lane {
         &self.lanes[task % self.lanes.len()]
     }
@@ -128,7 +137,7 @@ impl Queue {
         let lane = self.home(task);
         {
             let mut ready = lock(&lane.ready);
-            ready.push_back((task, self.now()));
+            ready.push_back(task);
             lane.update(&ready);
         }
         match lane.owner.get() {
@@ -143,11 +152,20 @@ impl Queue {
         }
     }
 
-    /// A task of a lane whose thread has not taken it for [`STEAL_AFTER`].
-    fn steal(&self, mine: Option<usize>) -> Option<usize> {
-        let now = self.now();
+    /// A task of a lane whose thread has not taken it for [`STEAL_AFTER`],
+    /// by what the calling thread has `seen` of each lane.
+    fn steal(&self, mine: Option<usize>, seen: &mut [Option<Seen>]) -> Option<usize> {
+        if self
+            .lanes
+            .iter()
+            .all(|l| l.queued.load(Ordering::SeqCst) == 0)
+        {
+            seen.fill(None);
+            return None;
+        }
+        let now = Instant::now();
         (0..self.lanes.len())
-            .filter(|&l| Some(l) != mine && self.lanes[l].stalled(now))
+            .filter(|&l| Some(l) != mine && self.lanes[l].stalled(&mut seen[l], now))
             .find_map(|l| self.lanes[l].pop())
     }
 
@@ -231,13 +249,11 @@ impl<'a, T: Copy> Pool<'a, T> {
             .map(|_| Lane {
                 ready: Mutex::default(),
                 queued: AtomicUsize::new(0),
-                front_since: AtomicU64::new(u64::MAX),
-                polled_at: AtomicU64::new(0),
+                polls: AtomicU64::new(0),
                 owner: OnceLock::new(),
             })
             .collect();
         let queue = Arc::new(Queue {
-            began: Instant::now(),
             states: (0..n).map(|_| AtomicU8::new(QUEUED)).collect(),
             lanes,
             remaining: AtomicUsize::new(n),
@@ -282,10 +298,16 @@ impl<'a, T: Copy> Pool<'a, T> {
                 asleep: AtomicBool::new(false),
             });
         }
+        let mut seen = vec![None; queue.lanes.len()];
         while queue.remaining.load(Ordering::SeqCst) > 0 {
-            if let Some(task) = lane.and_then(Lane::pop).or_else(|| queue.steal(mine)) {
+            if let Some(task) = lane
+                .and_then(Lane::pop)
+                .or_else(|| queue.steal(mine, &mut seen))
+            {
                 if let Some(lane) = lane {
-                    lane.polled_at.store(queue.now(), Ordering::Relaxed);
+                    // Only this thread writes it: no atomic increment.
+                    let polls = lane.polls.load(Ordering::Relaxed);
+                    lane.polls.store(polls + 1, Ordering::Relaxed);
                 }
                 self.poll(task, &mut panicked);
                 continue;
