@@ -224,9 +224,9 @@ struct Task<'a, T> {
 
 /// Tasks run by `threads` threads, each of which calls [`Pool::work`];
 /// `work` returns once every task has completed. Task `i`'s own thread is
-/// the `i % threads`th to call `work`; another thread takes it when it has
-/// waited [`STEAL_AFTER`] in its own thread's lane and that thread has not
-/// begun a poll meanwhile.
+/// the `i % threads`th to call `work`; another thread, idle, takes it from
+/// that thread's lane once it has seen the lane hold tasks while that
+/// thread began no poll for [`STEAL_AFTER`].
 pub(crate) struct Pool<'a, T> {
     tasks: Vec<Task<'a, T>>,
     queue: Arc<Queue>,
