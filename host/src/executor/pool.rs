@@ -37,19 +37,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// How long a ready task waits for its own thread, while that thread has
-/// not begun a poll either, before another thread that has nothing to do
-/// takes it (as that thread sees it: the busy threads never read the
-/// clock for this). A thread that keeps up begins a poll every microsecond or so
-/// (a `report` takes about one); one that has not for this long is in a
-/// long poll (a guest computing) or set aside by the operating system for
-/// other work, which lasts milliseconds.
+/// How long a lane may hold ready tasks while its thread begins no poll
+/// before another thread that has nothing to do takes them, as that idle
+/// thread sees it (the busy threads never read the clock for this). A
+/// thread that keeps up begins a poll every microsecond or so (a `report`
+/// takes about one); one that has not for this long is in a long poll (a
+/// guest computing) or set aside by the operating system for other work,
+/// which lasts milliseconds.
 const STEAL_AFTER: Duration = Duration::from_micros(5);
 
 /// The ready tasks of one thread (their home: a task runs on its own
 /// thread while that thread keeps up, so that its fiber and memory stay in
 /// that core's caches).
 struct Lane {
+    /// Ready tasks, in the order they were queued.
     ready: Mutex<VecDeque<usize>>,
     /// `ready`'s length, read without the lock by idle threads.
     queued: AtomicUsize,
