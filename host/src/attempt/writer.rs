@@ -26,6 +26,22 @@ use crate::record::CheckpointRecord;
 /// stored at once.
 const HISTORY_INTERVAL: Duration = Duration::from_millis(50);
 
+/// And at most this share of the time goes to storing it: after a write
+/// that took `t`, the next one waits `t × (HISTORY_SHARE_INVERSE - 1)` if
+/// that is longer than [`HISTORY_INTERVAL`]. The file grows with every
+/// report, so a fixed interval made a long run's writes cost more and more:
+/// two ranks reporting two million times spent twice as long per report
+/// as over the first two hundred thousand, the writer rewriting 200 MB
+/// every 50 ms on a core of its own.
+const HISTORY_SHARE_INVERSE: u32 = 20;
+
+/// When the next periodic write of the history is due, after one that
+/// began at `began` and ended at `ended`.
+fn next_history_write(began: Instant, ended: Instant) -> Instant {
+    let took = ended.saturating_duration_since(began);
+    ended + HISTORY_INTERVAL.max(took * (HISTORY_SHARE_INVERSE - 1))
+}
+
 /// The writing task: reports in order, each checkpoint committed before the
 /// history lines after it are stored.
 pub(super) async fn write_reports(
@@ -40,7 +56,7 @@ pub(super) async fn write_reports(
         world_size,
         dropped,
         shared,
-        written_at: None,
+        next_write: None,
     };
     loop {
         let message = match rx.try_recv() {
@@ -49,7 +65,7 @@ pub(super) async fn write_reports(
                 // Nothing waiting: store the lines so far in one write,
                 // once the interval since the last write has passed.
                 if writer.shared.unwritten.load(Ordering::Acquire)
-                    && let Some(due) = writer.written_at.map(|at| at + HISTORY_INTERVAL)
+                    && let Some(due) = writer.next_write
                     && let Ok(received) = tokio::time::timeout_at(due, rx.recv()).await
                 {
                     match received {
@@ -93,8 +109,9 @@ struct Writer {
     /// Where dropped checkpoints go to be deleted.
     dropped: mpsc::UnboundedSender<Vec<CheckpointRecord>>,
     shared: Arc<Shared>,
-    /// When the history was last stored.
-    written_at: Option<Instant>,
+    /// When the history may be stored next without a reason to hurry (see
+    /// [`HISTORY_SHARE_INVERSE`]); `None` before the first write.
+    next_write: Option<Instant>,
 }
 
 impl Writer {
@@ -109,8 +126,10 @@ impl Writer {
             return Err(failed);
         }
         if self.shared.unwritten.swap(false, Ordering::AcqRel) {
-            self.written_at = Some(Instant::now());
-            if let Err(e) = self.ledger.write_history().await {
+            let began = Instant::now();
+            let written = self.ledger.write_history().await;
+            self.next_write = Some(next_history_write(began, Instant::now()));
+            if let Err(e) = written {
                 return Err(self.fail(e));
             }
         }
@@ -199,5 +218,25 @@ pub(super) async fn delete_dropped(
             shared.fail(e.into());
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_writes_take_a_bounded_share_of_the_time() {
+        let began = Instant::now();
+        // A quick write: the fixed interval.
+        let ended = began + Duration::from_millis(1);
+        assert_eq!(next_history_write(began, ended), ended + HISTORY_INTERVAL);
+        // A slow one (a large history): 1 part in HISTORY_SHARE_INVERSE.
+        let ended = began + Duration::from_millis(100);
+        let next = next_history_write(began, ended);
+        assert_eq!(
+            next - began,
+            Duration::from_millis(100) * HISTORY_SHARE_INVERSE
+        );
     }
 }
