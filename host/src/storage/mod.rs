@@ -22,6 +22,7 @@ use crate::error::Error;
 use resend::Resend;
 
 mod backends;
+mod buffers;
 mod conditional;
 mod digest;
 mod fence;
