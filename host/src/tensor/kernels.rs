@@ -4,13 +4,13 @@
 
 use super::{Tensor, TensorError, same_shape};
 
-/// Work between two asks of the stop callback in [`gemm`], per thread:
+/// Work between two asks of the stop callback in [`gemm()`], per thread:
 /// about ten milliseconds on one core (2 flops a multiply-add, ~100
 /// GFLOP/s here). Each block packs its operands again, so smaller blocks
 /// cost speed: at a fifth of this a 1024³ GEMM took 12% longer than the
 /// gemm crate's own single call.
 const FLOPS_PER_BLOCK: usize = 1_000_000_000;
-/// The fewest rows and columns of `c` a block of [`gemm`] computes:
+/// The fewest rows and columns of `c` a block of [`gemm()`] computes:
 /// thinner blocks would read all of `b` for a few rows (a GEMV, bound by
 /// memory, not arithmetic). With an enormous inner size a block can take
 /// longer than [`FLOPS_PER_BLOCK`]: 256 × 256 outputs of 32768 products

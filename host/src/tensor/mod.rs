@@ -5,7 +5,7 @@
 //! Nothing here knows about ranks or wasm: a [`Tensor`] is a shape and its
 //! f32 values, each kernel checks its arguments and returns a
 //! [`TensorError`] without changing anything on a bad call, and the long
-//! ones ([`gemm`]) ask a `stop` callback between blocks of work, so that a
+//! ones ([`gemm()`]) ask a `stop` callback between blocks of work, so that a
 //! rank whose run is stopping is not held up by its maths.
 
 pub(crate) mod file;
