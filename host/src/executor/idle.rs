@@ -78,31 +78,31 @@ impl IdleWait {
     /// whether it paid; else yield the core until then. The caller parks
     /// afterwards unless `done`.
     pub fn wait(&self, done: impl Fn() -> bool) {
-        let spin = self.spin
-            && (self.score.load(Ordering::Relaxed) > 0
-                || self
-                    .skipped
-                    .fetch_add(1, Ordering::Relaxed)
-                    .is_multiple_of(PROBE));
-        if !spin {
-            if self.spin {
-                let until = Instant::now() + ACTIVE_WAIT;
-                while !done() && Instant::now() < until {
-                    std::thread::yield_now();
-                }
-            }
+        // One thread: nobody else could end the wait.
+        if !self.spin {
             return;
         }
+        let spin = self.score.load(Ordering::Relaxed) > 0
+            || self
+                .skipped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(PROBE);
         let until = Instant::now() + ACTIVE_WAIT;
         while !done() && Instant::now() < until {
-            std::hint::spin_loop();
+            if spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
-        let step = if done() { 1 } else { -1 };
-        let _ = self
-            .score
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                Some((s + step).clamp(-SCORE_MAX, SCORE_MAX))
-            });
+        if spin {
+            let step = if done() { 1 } else { -1 };
+            let _ = self
+                .score
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                    Some((s + step).clamp(-SCORE_MAX, SCORE_MAX))
+                });
+        }
     }
 }
 

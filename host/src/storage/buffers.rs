@@ -15,6 +15,7 @@
 //! until its bytes are dropped: a store may keep the bytes after the
 //! request (`memory://` keeps every part until the upload completes), and
 //! an upload waiting for parts it holds itself would wait forever.
+
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -29,17 +30,19 @@ pub(super) const PART_SIZE: usize = 8 * 1024 * 1024;
 /// at a time by default).
 const IN_FLIGHT: usize = 8;
 
-/// The process's buffers: a permit for each request being read or sent,
-/// and the buffers idle.
+/// Buffers for `size` requests at once: a permit for each request being
+/// read or sent, and up to `size` buffers idle.
 struct Pool {
+    size: usize,
     permits: Arc<Semaphore>,
     idle: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Pool {
-    fn new(buffers: usize) -> Self {
+    fn new(size: usize) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(buffers)),
+            size,
+            permits: Arc::new(Semaphore::new(size)),
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -143,7 +146,7 @@ impl Drop for Lent {
         // for (a store kept its bytes while others were taken): back to the
         // system.
         let mut idle = lock(&self.pool.idle);
-        if bytes.capacity() == PART_SIZE && idle.len() < IN_FLIGHT {
+        if bytes.capacity() == PART_SIZE && idle.len() < self.pool.size {
             bytes.clear();
             idle.push(bytes);
         }
