@@ -13,26 +13,98 @@ use trainhost::{
 };
 use trainhost_test_artifacts::BENCH_GUEST;
 
-/// One line of the results: a measure, its baseline and the goal.
+/// A goal's verdict on one pair (baseline, ours): `None` for a row that
+/// states no goal to meet.
+pub(crate) type Judge = Arc<dyn Fn(f64, f64) -> Option<bool> + Send + Sync>;
+
+/// One line of the results: a measure, its baseline, the goal, and the
+/// samples behind them. The figures (medians, range, verdicts) are taken
+/// from the samples when the table is written, so that the samples of the
+/// suite's passes can be put together first ([`Row::absorb`]).
 pub(crate) struct Row {
     pub group: &'static str,
     pub measure: String,
     pub baseline_name: String,
-    pub baseline: f64,
-    pub ours: f64,
     pub unit: Unit,
     pub goal: String,
-    /// Whether the goal is met by the medians, when it is a number.
-    pub met: Option<bool>,
+    /// One pair per repetition, over every pass of the suite.
+    pub pairs: Paired,
+    judge: Judge,
+    /// A figure taken from the medians (baseline, ours), shown after the
+    /// goal.
+    detail: Option<Detail>,
+}
+
+/// A figure to show from a pair of medians (baseline, ours).
+type Detail = Arc<dyn Fn(f64, f64) -> String + Send + Sync>;
+
+impl Row {
+    /// The medians of the baseline and of ours.
+    pub(crate) fn medians(&self) -> (f64, f64) {
+        self.pairs.medians()
+    }
+
+    /// Whether the goal is met by the medians, when the row has one.
+    pub(crate) fn met(&self) -> Option<bool> {
+        let (baseline, ours) = self.medians();
+        (self.judge)(baseline, ours)
+    }
+
     /// How many repetitions, judged on their own, met the goal, and of
     /// how many: a median that meets a goal some repetitions miss (or the
     /// reverse) is a result a re-run may not reproduce. `None` for a
     /// single measure or no goal.
-    pub met_in: Option<(usize, usize)>,
+    pub(crate) fn met_in(&self) -> Option<(usize, usize)> {
+        self.pairs.met_in(&*self.judge)
+    }
+
     /// The lowest and highest ratio of ours to the baseline over the
-    /// repetitions, each taken in the same repetition: how far a re-run
-    /// may move the ratio. `None` for a single measure.
-    pub spread: Option<(f64, f64)>,
+    /// repetitions, each taken in the same repetition. `None` for a single
+    /// measure.
+    pub(crate) fn spread(&self) -> Option<(f64, f64)> {
+        self.pairs.spread()
+    }
+
+    /// The goal column: the goal, and the row's detail if it has one.
+    pub(crate) fn goal_text(&self) -> String {
+        match &self.detail {
+            None => self.goal.clone(),
+            Some(detail) => {
+                let (baseline, ours) = self.medians();
+                format!("{}: {}", self.goal, detail(baseline, ours))
+            }
+        }
+    }
+
+    /// With a figure from the medians shown after the goal.
+    pub(crate) fn with_detail(
+        self,
+        detail: impl Fn(f64, f64) -> String + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            detail: Some(Arc::new(detail)),
+            ..self
+        }
+    }
+
+    /// In another unit than time.
+    pub(crate) fn in_unit(self, unit: Unit) -> Self {
+        Self { unit, ..self }
+    }
+
+    /// Whether `other` is the same line (from another pass).
+    pub(crate) fn same_line(&self, other: &Row) -> bool {
+        self.group == other.group
+            && self.measure == other.measure
+            && self.baseline_name == other.baseline_name
+    }
+
+    /// Take the samples of the same line from another pass.
+    pub(crate) fn absorb(&mut self, other: Row) {
+        debug_assert!(self.same_line(&other));
+        self.pairs.baseline.extend(other.pairs.baseline);
+        self.pairs.ours.extend(other.pairs.ours);
+    }
 }
 
 /// Paired samples of a measure and its baseline, one pair per repetition.
@@ -53,41 +125,26 @@ impl Paired {
         (median(self.baseline.clone()), median(self.ours.clone()))
     }
 
-    /// A row of times: the medians, the range of the ratios, and `met`
-    /// as `judge` finds it from the medians (baseline, ours) and from each
-    /// repetition.
+    /// A row of times from these samples, with `met` as `judge` finds it
+    /// from a pair (baseline, ours): the medians' and each repetition's.
     pub(crate) fn row(
         &self,
         group: &'static str,
         measure: String,
         baseline_name: String,
         goal: String,
-        judge: impl Fn(f64, f64) -> Option<bool>,
+        judge: impl Fn(f64, f64) -> Option<bool> + Send + Sync + 'static,
     ) -> Row {
-        let (baseline, ours) = self.medians();
         Row {
             group,
             measure,
             baseline_name,
-            baseline,
-            ours,
             unit: Unit::Nanos,
             goal,
-            met: judge(baseline, ours),
-            met_in: self.met_in(&judge),
-            spread: self.spread(),
+            pairs: self.clone(),
+            judge: Arc::new(judge),
+            detail: None,
         }
-    }
-
-    /// `judge`'s verdict on the medians and how many repetitions it finds
-    /// meeting the goal: [`Row::met`] and [`Row::met_in`] from one
-    /// statement of the goal.
-    pub(crate) fn judged(
-        &self,
-        judge: impl Fn(f64, f64) -> Option<bool>,
-    ) -> (Option<bool>, Option<(usize, usize)>) {
-        let (baseline, ours) = self.medians();
-        (judge(baseline, ours), self.met_in(&judge))
     }
 
     /// How many repetitions meet the goal as `judge` finds it from their

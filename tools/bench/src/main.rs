@@ -12,12 +12,13 @@ mod groups;
 mod load;
 mod results;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
 
+use common::Row;
 use groups::{
     blocked, burn, cli, collective, nodes, persist, python, ranks, report, restart, s3, sgd,
     tensors,
@@ -30,6 +31,13 @@ struct Args {
     /// noisier).
     #[arg(long)]
     quick: bool,
+    /// How many times to run the suite: each measure runs once per pass
+    /// (a few more than once), and the table puts the passes' samples
+    /// together, so a row's range covers how the machine moved over the
+    /// whole run, not only over one group's minute. Default: 3, or 1 with
+    /// --quick.
+    #[arg(long, value_name = "N")]
+    passes: Option<usize>,
     /// Write the results as Markdown to this file (e.g. BENCHMARKS.md).
     #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
@@ -66,31 +74,69 @@ fn main() -> Result<()> {
     if let Some(n) = args.child_ranks {
         return ranks::child_ranks(n, args.child_cache.as_deref());
     }
-    let want = |group: &str| args.only.is_empty() || args.only.iter().any(|o| group.contains(o));
-    let reps = if args.quick { 1 } else { 3 };
-    let mut rows = Vec::new();
-    let mut skipped = Vec::new();
+    let passes = args.passes.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
     let started = Instant::now();
     let cache = tempfile::tempdir()?;
-    if want("report") {
-        rows.extend(report::report(args.quick)?);
+    for pass in 1..=passes {
+        eprintln!("pass {pass} of {passes}");
+        let mut pass_skipped = Vec::new();
+        for row in run_pass(&args, cache.path(), &mut pass_skipped)? {
+            match rows.iter_mut().find(|r| r.same_line(&row)) {
+                Some(line) => line.absorb(row),
+                None => rows.push(row),
+            }
+        }
+        for s in pass_skipped {
+            if !skipped.contains(&s) {
+                skipped.push(s);
+            }
+        }
     }
-    if want("persist") {
+    let table = results::markdown(&rows);
+    println!("{table}");
+    for s in &skipped {
+        println!("skipped {s}");
+    }
+    if let Some(path) = &args.write {
+        let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+        results::write_results(path, &table, &skipped, &command, started.elapsed())?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Whether `--only` lets `group` run.
+fn want(args: &Args, group: &str) -> bool {
+    args.only.is_empty() || args.only.iter().any(|o| group.contains(o))
+}
+
+/// One pass over the groups `--only` names, each measure repeated once
+/// (some more); a group that cannot run here is named in `skipped`.
+fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<Row>> {
+    // Once per pass: the passes' samples make the repetitions.
+    let reps = 1;
+    let mut rows = Vec::new();
+    if want(args, "report") {
+        rows.extend(report::report(args.quick, reps)?);
+    }
+    if want(args, "persist") {
         rows.extend(persist::persist_local(args.quick, reps)?);
     }
-    if want("blocked") {
+    if want(args, "blocked") {
         rows.extend(blocked::blocked(args.quick, reps)?);
     }
-    if want("restart") {
-        rows.extend(restart::restart(reps, cache.path())?);
+    if want(args, "restart") {
+        rows.extend(restart::restart(reps, cache)?);
     }
     let bin = match &args.trainhost {
         Some(b) => b.clone(),
         None => std::env::current_exe()?.with_file_name("trainhost"),
     };
-    if want("cli") {
+    if want(args, "cli") {
         if bin.exists() {
-            rows.extend(cli::cli(&bin, if args.quick { 2 } else { 7 })?);
+            rows.extend(cli::cli(&bin, 2)?);
         } else {
             skipped.push(format!(
                 "cli: no trainhost binary at {} (build it with `cargo build --release -p trainhost`)",
@@ -98,16 +144,16 @@ fn main() -> Result<()> {
             ));
         }
     }
-    if want("sgd") {
+    if want(args, "sgd") {
         rows.extend(sgd::sgd(args.quick, reps)?);
     }
-    if want("burn") {
+    if want(args, "burn") {
         rows.extend(burn::burn(args.quick, reps)?);
     }
-    if want("tensors") {
+    if want(args, "tensors") {
         rows.extend(tensors::tensors(args.quick, reps)?);
     }
-    if want("python") {
+    if want(args, "python") {
         if !bin.exists() {
             skipped.push(format!(
                 "python: no trainhost binary at {} (build it with `cargo build --release -p trainhost`)",
@@ -120,16 +166,16 @@ fn main() -> Result<()> {
             }
         }
     }
-    if want("s3") {
+    if want(args, "s3") {
         match s3::s3(args.quick, reps) {
             Ok(r) => rows.extend(r),
             Err(e) => skipped.push(format!("s3: {e:#}")),
         }
     }
-    if want("collective") {
+    if want(args, "collective") {
         rows.extend(collective::collective(args.quick, reps)?);
     }
-    if want("nodes") {
+    if want(args, "nodes") {
         let baseline = std::env::current_exe()?.with_file_name("mpi-allreduce");
         if baseline.exists() && bin.exists() {
             let programs = nodes::Programs {
@@ -147,18 +193,8 @@ fn main() -> Result<()> {
             ));
         }
     }
-    if want("ranks") {
-        rows.extend(ranks::ranks(args.quick, cache.path())?);
+    if want(args, "ranks") {
+        rows.extend(ranks::ranks(args.quick, cache)?);
     }
-    let table = results::markdown(&rows);
-    println!("{table}");
-    for s in &skipped {
-        println!("skipped {s}");
-    }
-    if let Some(path) = &args.write {
-        let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
-        results::write_results(path, &table, &skipped, &command, started.elapsed())?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
+    Ok(rows)
 }

@@ -13,21 +13,35 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
         "| group | measure | baseline | baseline value | ours | ratio (ours / baseline), range over repetitions | goal | met |\n|---|---|---|---:|---:|---:|---|---|\n",
     );
     for r in rows {
+        let (baseline, ours) = r.medians();
+        let ratio = ours / baseline;
+        let decimals = decimals(ratio);
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.3}{} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {ratio:.decimals$}{} | {} | {} |\n",
             r.group,
             r.measure,
             r.baseline_name,
-            r.unit.show(r.baseline),
-            r.unit.show(r.ours),
-            r.ours / r.baseline,
-            r.spread
-                .map_or(String::new(), |(lo, hi)| format!(" ({lo:.2}–{hi:.2})")),
-            r.goal,
-            met(r.met, r.met_in),
+            r.unit.show(baseline),
+            r.unit.show(ours),
+            r.spread().map_or(String::new(), |(lo, hi)| format!(
+                " ({lo:.decimals$}–{hi:.decimals$})"
+            )),
+            r.goal_text(),
+            met(r.met(), r.met_in()),
         ));
     }
     out
+}
+
+/// Decimals for a ratio and its range: at least three, and at least two
+/// significant digits, so that a small ratio's range is not rounded to
+/// figures that leave the ratio outside it.
+fn decimals(ratio: f64) -> usize {
+    if ratio > 0.0 && ratio < 0.1 {
+        (-ratio.log10()).floor() as usize + 2
+    } else {
+        3
+    }
 }
 
 /// The met column: the medians' verdict, and how many repetitions agree
@@ -113,8 +127,11 @@ mod tests {
             pairs.push(b, o);
         }
         let row = pairs.row("g", "m".into(), "b".into(), "goal".into(), goal);
-        assert_eq!(row.met_in, Some((2, 3)));
-        assert_eq!(met(row.met, row.met_in), "yes, not in 1 of 3 repetitions");
+        assert_eq!(row.met_in(), Some((2, 3)));
+        assert_eq!(
+            met(row.met(), row.met_in()),
+            "yes, not in 1 of 3 repetitions"
+        );
         // Every repetition agrees: the verdict alone.
         assert_eq!(met(Some(true), Some((3, 3))), "yes");
         assert_eq!(met(Some(false), Some((0, 3))), "**no**");

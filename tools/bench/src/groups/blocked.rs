@@ -130,7 +130,7 @@ pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Ve
             measure,
             baseline_name.into(),
             goal.into(),
-            |_, o| judged.then_some(o <= goals::BLOCKED_64MIB_NS),
+            move |_, o| judged.then_some(o <= goals::BLOCKED_64MIB_NS),
         )
     };
     // A guest that checkpoints faster than storage takes checkpoints waits

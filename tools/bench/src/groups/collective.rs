@@ -63,7 +63,7 @@ pub(crate) fn collective(quick: bool, reps: usize) -> Result<Vec<Row>> {
                 } else {
                     goals::comparison("the goal is stated for 64 MiB")
                 },
-                |b, o| judged.then_some(o / b <= goals::ALL_REDUCE_VS_COPY),
+                move |b, o| judged.then_some(o / b <= goals::ALL_REDUCE_VS_COPY),
             ));
             if bytes >= 64 << 20 {
                 rows.push(exchange.row(

@@ -44,9 +44,13 @@ pub(crate) fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
             describe(&layout)
         );
         let row = |pairs: &Paired, measure, baseline_name: &str, goal, met: bool| {
-            pairs.row("persist", measure, baseline_name.into(), goal, |b, o| {
-                met.then_some(o <= goals::PERSIST_VS_CP_SYNC * b)
-            })
+            pairs.row(
+                "persist",
+                measure,
+                baseline_name.into(),
+                goal,
+                move |b, o| met.then_some(o <= goals::PERSIST_VS_CP_SYNC * b),
+            )
         };
         rows.push(row(
             &on_disk,

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::common::{Paired, Row, Unit, step_ns, time_command};
+use crate::common::{Paired, Row, step_ns, time_command};
 use crate::goals;
 
 /// The example's step and a larger one, with steps a sample (about a
@@ -99,21 +99,15 @@ fn start(bin: &Path, python: &str, work: &Path, reps: usize) -> Result<Vec<Row>>
         cached.push(run(DIGITS_MLP, &rust_cache)?, run(python, &python_cache)?);
     }
     let row = |pairs: Paired, how: &str| {
-        let (rust, python) = pairs.medians();
-        Row {
-            group: "python",
-            measure: format!(
+        pairs.row(
+            "python",
+            format!(
                 "start of a run of the Python example, {how} (CLI, process start to exit, 1 rank, 1 step)"
             ),
-            baseline_name: format!("the Rust example, {how}"),
-            baseline: rust,
-            ours: python,
-            unit: Unit::Nanos,
-            goal: goals::comparison("what CPython in the component costs"),
-            met: None,
-            met_in: None,
-            spread: pairs.spread(),
-        }
+            format!("the Rust example, {how}"),
+            goals::comparison("what CPython in the component costs"),
+            |_, _| None,
+        )
     };
     Ok(vec![
         row(cold, "cold: compiling the component"),

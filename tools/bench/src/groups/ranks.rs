@@ -10,7 +10,7 @@ use serde_json::json;
 use trainhost::{ScalingConfig, Trainer};
 use trainhost_test_artifacts::BENCH_GUEST;
 
-use crate::common::{Lines, Row, Unit, local_run};
+use crate::common::{Lines, Paired, Row, Unit, local_run};
 use crate::goals;
 
 pub(crate) fn child_ranks(n: u32, cache: Option<&Path>) -> Result<()> {
@@ -67,37 +67,36 @@ pub(crate) fn ranks(quick: bool, cache: &Path) -> Result<Vec<Row>> {
     let (_, wall1, rss1) = measured[0];
     let mut rows = Vec::new();
     for &(n, wall, rss) in &measured[1..] {
-        rows.push(Row {
-            group: "ranks",
-            measure: format!("{n} ranks: start, one report, end (whole fit)"),
-            baseline_name: "1 rank".into(),
-            baseline: wall1,
-            ours: wall,
-            unit: Unit::Nanos,
-            goal: format!(
-                "informational: {:.2} ms per extra rank",
-                (wall - wall1) / 1e6 / f64::from(n - 1)
-            ),
-            met: None,
-            met_in: None,
-            spread: None,
-        });
-        rows.push(Row {
-            group: "ranks",
-            measure: format!("{n} ranks: peak host memory"),
-            baseline_name: "1 rank".into(),
-            baseline: rss1,
-            ours: rss,
-            unit: Unit::Bytes,
-            goal: format!(
-                "≤ {} MiB per rank: {:.2} MiB per extra rank",
-                goals::RANK_MIB,
-                (rss - rss1) / (1024.0 * 1024.0) / f64::from(n - 1)
-            ),
-            met: Some((rss - rss1) / (1024.0 * 1024.0) / f64::from(n - 1) <= goals::RANK_MIB),
-            met_in: None,
-            spread: None,
-        });
+        let extra = f64::from(n - 1);
+        let pair = |baseline, ours| {
+            let mut pairs = Paired::default();
+            pairs.push(baseline, ours);
+            pairs
+        };
+        rows.push(
+            pair(wall1, wall)
+                .row(
+                    "ranks",
+                    format!("{n} ranks: start, one report, end (whole fit)"),
+                    "1 rank".into(),
+                    "informational".into(),
+                    |_, _| None,
+                )
+                .with_detail(move |b, o| format!("{:.2} ms per extra rank", (o - b) / 1e6 / extra)),
+        );
+        let per_rank_mib = move |b: f64, o: f64| (o - b) / (1024.0 * 1024.0) / extra;
+        rows.push(
+            pair(rss1, rss)
+                .row(
+                    "ranks",
+                    format!("{n} ranks: peak host memory"),
+                    "1 rank".into(),
+                    format!("≤ {} MiB per rank", goals::RANK_MIB),
+                    move |b, o| Some(per_rank_mib(b, o) <= goals::RANK_MIB),
+                )
+                .in_unit(Unit::Bytes)
+                .with_detail(move |b, o| format!("{:.2} MiB per extra rank", per_rank_mib(b, o))),
+        );
     }
     Ok(rows)
 }

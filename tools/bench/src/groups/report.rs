@@ -10,9 +10,8 @@ use crate::common::{Paired, Row, local_run, metric, run_guest};
 use crate::goals;
 use crate::load::Load;
 
-pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
+pub(crate) fn report(quick: bool, reps: usize) -> Result<Vec<Row>> {
     let reports = if quick { 2_000 } else { 20_000 };
-    let reps = if quick { 1 } else { 3 };
     let storage = tempfile::tempdir()?;
     // One run of `workers` ranks: per round, and per trivial host call.
     let measure = |workers: u32, background: bool| -> Result<(f64, f64)> {
@@ -28,7 +27,7 @@ pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
         Ok((metric(&result, "report_ns")?, metric(&result, "call_ns")?))
     };
     let row = |pairs: &Paired, measure, baseline_name, goal, judged: bool| {
-        pairs.row("report", measure, baseline_name, goal, |_, o| {
+        pairs.row("report", measure, baseline_name, goal, move |_, o| {
             judged.then_some(o <= goals::REPORT_NS)
         })
     };

@@ -8,7 +8,7 @@ use serde_json::json;
 use trainhost::{FailureConfig, MaxFailures, RunConfig, Trainer};
 use trainhost_test_artifacts::BENCH_GUEST;
 
-use crate::common::{Lines, Paired, Row, Unit, local_run};
+use crate::common::{Lines, Paired, Row, local_run};
 use crate::goals;
 use crate::load::Load;
 
@@ -38,28 +38,19 @@ pub(crate) fn restart(reps: usize, cache: &Path) -> Result<Vec<Row>> {
             pairs.push(first, again);
         }
         drop(load);
-        let (first, again) = pairs.medians();
-        let (met, met_in) = pairs.judged(|_, o| Some(o <= goals::RESTART_NS));
-        rows.push(Row {
-            group: "restart",
-            measure: format!(
-                "failure → loop running again with its 4 MiB checkpoint restored{under}"
-            ),
-            baseline_name: format!(
+        rows.push(pairs.row(
+            "restart",
+            format!("failure → loop running again with its 4 MiB checkpoint restored{under}"),
+            format!(
                 "the run's first start (open storage, load compiled guest, start rank){}",
                 if loaded { ", same load" } else { "" }
             ),
-            baseline: first,
-            ours: again,
-            unit: Unit::Nanos,
-            goal: format!(
+            format!(
                 "≤ {} ms (Ray: 3.8 s default, 2.0 s tuned)",
                 goals::RESTART_NS / 1e6
             ),
-            met,
-            met_in,
-            spread: pairs.spread(),
-        });
+            |_, o| Some(o <= goals::RESTART_NS),
+        ));
     }
     Ok(rows)
 }

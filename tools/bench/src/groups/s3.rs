@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use trainhost::bench::Durability;
 use trainhost::{RunConfig, StorageOptions};
 
-use crate::common::{Paired, Row, Unit, describe, local_run, self_cpu, time_command};
+use crate::common::{Paired, Row, describe, local_run, self_cpu, time_command};
 use crate::goals;
 use crate::groups::blocked::{Target, measure};
 
@@ -152,38 +152,25 @@ impl Uploader<'_> {
             cpu_pairs.push(aws_cpu, self_cpu().saturating_sub(cpu).as_nanos() as f64);
         }
         let what = describe(layout);
-        let ((aw, ow), (ac, oc)) = (wall_pairs.medians(), cpu_pairs.medians());
-        let wall_met = wall_pairs.judged(|b, o| Some(o * goals::S3_SPEEDUP <= b));
-        let cpu_met = cpu_pairs.judged(|b, o| Some(o <= goals::S3_CPU_SHARE * b));
         let rows = vec![
-            Row {
-                group: "s3",
-                measure: format!("upload {what} to S3 (moto on loopback), wall"),
-                baseline_name: "`aws s3 cp --recursive` (awscli v1)".into(),
-                baseline: aw,
-                ours: ow,
-                unit: Unit::Nanos,
-                goal: format!(
+            wall_pairs.row(
+                "s3",
+                format!("upload {what} to S3 (moto on loopback), wall"),
+                "`aws s3 cp --recursive` (awscli v1)".into(),
+                format!(
                     "≥ {}× faster (ratio ≤ {:.2})",
                     goals::S3_SPEEDUP,
                     1.0 / goals::S3_SPEEDUP
                 ),
-                met: wall_met.0,
-                met_in: wall_met.1,
-                spread: wall_pairs.spread(),
-            },
-            Row {
-                group: "s3",
-                measure: format!("upload {what} to S3, CPU time of the uploading process"),
-                baseline_name: "`aws s3 cp --recursive` (awscli v1)".into(),
-                baseline: ac,
-                ours: oc,
-                unit: Unit::Nanos,
-                goal: format!("≤ {} × its CPU", goals::S3_CPU_SHARE),
-                met: cpu_met.0,
-                met_in: cpu_met.1,
-                spread: cpu_pairs.spread(),
-            },
+                |b, o| Some(o * goals::S3_SPEEDUP <= b),
+            ),
+            cpu_pairs.row(
+                "s3",
+                format!("upload {what} to S3, CPU time of the uploading process"),
+                "`aws s3 cp --recursive` (awscli v1)".into(),
+                format!("≤ {} × its CPU", goals::S3_CPU_SHARE),
+                |b, o| Some(o <= goals::S3_CPU_SHARE * b),
+            ),
         ];
         Ok((rows, work))
     }
