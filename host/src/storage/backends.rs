@@ -82,6 +82,30 @@ fn given(options: &[(String, String)], names: &[&str]) -> bool {
     })
 }
 
+/// `b` with its payload signing as [`signs_payload`] says, unless the
+/// user's options or environment set it.
+fn payload_signing(b: AmazonS3Builder, pairs: &[(String, String)]) -> AmazonS3Builder {
+    if given(pairs, &["aws_unsigned_payload", "unsigned_payload"]) {
+        return b;
+    }
+    let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint);
+    b.with_unsigned_payload(!signs_payload(endpoint.as_deref()))
+}
+
+/// Whether S3 requests sign their payload's SHA-256 where the user has
+/// not said (`aws_unsigned_payload`): over plain HTTP they do, as the AWS
+/// CLI does, since nothing else guards the bytes on the way; over HTTPS
+/// (AWS itself when no endpoint is given) they send `UNSIGNED-PAYLOAD`, as
+/// the AWS CLI and SDKs do, since TLS guards them. Signing there would
+/// hash every part of a multipart upload a second time for its signature
+/// alone: the manifest's digest is of the whole file, not of a part.
+fn signs_payload(endpoint: Option<&str>) -> bool {
+    endpoint.is_some_and(|e| {
+        !e.get(..8)
+            .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+    })
+}
+
 fn option_error(url: &str, key: &str, e: impl std::fmt::Display) -> Error {
     Error::InvalidConfig(format!(
         "storage option {key:?} is not valid for {url}: {e}"
@@ -131,6 +155,7 @@ pub(super) fn cloud(
                 let key: AmazonS3ConfigKey = k.parse().map_err(|e| option_error(location, k, e))?;
                 b = b.with_config(key, v);
             }
+            b = payload_signing(b, &pairs);
             let has = given(
                 &pairs,
                 &[
@@ -242,4 +267,41 @@ pub(super) fn cloud(
         }
     };
     Ok((store, path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unsigned(endpoint: Option<&str>, pairs: &[(&str, &str)]) -> bool {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let mut b = AmazonS3Builder::new().with_url("s3://bucket/prefix");
+        if let Some(endpoint) = endpoint {
+            b = b.with_endpoint(endpoint);
+        }
+        for (k, v) in &pairs {
+            b = b.with_config(k.parse().unwrap(), v);
+        }
+        let b = payload_signing(b, &pairs);
+        b.get_config_value(&AmazonS3ConfigKey::UnsignedPayload) == Some("true".into())
+    }
+
+    #[test]
+    fn payloads_are_signed_over_plain_http_only_unless_the_user_says() {
+        // AWS itself, and any HTTPS endpoint: TLS guards the bytes.
+        assert!(unsigned(None, &[]));
+        assert!(unsigned(Some("https://minio.example:9000"), &[]));
+        assert!(unsigned(Some("HTTPS://minio.example"), &[]));
+        // Plain HTTP: the signature is all that guards them.
+        assert!(!unsigned(Some("http://127.0.0.1:5000"), &[]));
+        // The user's choice stands either way.
+        assert!(!unsigned(None, &[("aws_unsigned_payload", "false")]));
+        assert!(unsigned(
+            Some("http://127.0.0.1:5000"),
+            &[("unsigned_payload", "true")]
+        ));
+    }
 }

@@ -8,7 +8,9 @@
 //! signing takes that digest instead of reading every byte again (with
 //! perf, the two passes were half the uploading process's user time).
 //! Parts of a multipart upload are still hashed for their signatures: a
-//! part's SHA-256 is not a step of the file's.
+//! part's SHA-256 is not a step of the file's. (Over HTTPS payloads go
+//! unsigned by default and none of this hashing happens; see
+//! `backends.rs`.)
 //!
 //! The digest is taken only when the bytes hashed are the very buffers it
 //! was computed from, in order (the same addresses and lengths, and

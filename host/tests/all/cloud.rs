@@ -177,6 +177,16 @@ fn conformance_on_s3() {
 }
 
 #[test]
+fn conformance_on_s3_over_https() {
+    // Over HTTPS the payloads go unsigned by default (TLS guards them):
+    // multipart uploads and restores must work that way too.
+    let Some(moto) = servers::moto_tls() else {
+        return;
+    };
+    conformance(&servers::s3_tls(&moto, "conformance-tls"), true);
+}
+
+#[test]
 fn conformance_on_gcs() {
     let Some(moto) = servers::moto() else { return };
     conformance(&servers::gcs(&moto, "conformance"), true);

@@ -86,6 +86,16 @@ fn wait_ready(child: &mut Child, port: u16, what: &str) {
 
 /// moto's server on a free loopback port.
 pub fn moto() -> Option<Server> {
+    start_moto(&[])
+}
+
+/// moto's server on a free loopback port, over HTTPS with a certificate
+/// it makes up (clients must accept an invalid certificate).
+pub fn moto_tls() -> Option<Server> {
+    start_moto(&["--ssl"])
+}
+
+fn start_moto(extra: &[&str]) -> Option<Server> {
     let Some(bin) = find("TRAINHOST_MOTO_SERVER", "moto_server") else {
         return missing(
             "TRAINHOST_MOTO_SERVER",
@@ -96,6 +106,7 @@ pub fn moto() -> Option<Server> {
     let workdir = tempfile::tempdir().unwrap();
     let mut child = Command::new(bin)
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .args(extra)
         .current_dir(workdir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -177,6 +188,37 @@ pub fn s3_existing(endpoint_port: u16, bucket: &str) -> Backend {
         options: options(&[
             ("aws_endpoint", &format!("http://127.0.0.1:{endpoint_port}")),
             ("aws_allow_http", "true"),
+            ("aws_region", "us-east-1"),
+            ("aws_access_key_id", "test"),
+            ("aws_secret_access_key", "test"),
+        ]),
+    }
+}
+
+/// A new bucket on the moto server `server` started by [`moto_tls`],
+/// reached over HTTPS with default payload signing.
+pub fn s3_tls(server: &Server, bucket: &str) -> Backend {
+    // The bucket is made with Python's standard library, which speaks
+    // TLS without verifying the made-up certificate.
+    let port = server.port;
+    let made = Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import http.client, ssl\n\
+                 c = http.client.HTTPSConnection('127.0.0.1', {port}, context=ssl._create_unverified_context())\n\
+                 c.request('PUT', '/{bucket}')\n\
+                 assert c.getresponse().status == 200"
+            ),
+        ])
+        .status()
+        .expect("python3 runs");
+    assert!(made.success(), "creating bucket {bucket} over HTTPS");
+    Backend {
+        url: format!("s3://{bucket}/runs"),
+        options: options(&[
+            ("aws_endpoint", &format!("https://127.0.0.1:{port}")),
+            ("allow_invalid_certificates", "true"),
             ("aws_region", "us-east-1"),
             ("aws_access_key_id", "test"),
             ("aws_secret_access_key", "test"),
