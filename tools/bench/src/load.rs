@@ -88,3 +88,73 @@ impl Drop for Load {
         }
     }
 }
+
+/// How long a cache line takes to go from one core to another and back:
+/// two threads on the first two cores hand a flag back and forth. Every
+/// round of ranks on more than one thread waits for such handovers (the
+/// gate, the queues, the wake-ups), and this machine's figure has moved
+/// between runs by a factor of two or more with where the hypervisor
+/// placed its cores; the results name it so that runs can be compared.
+/// `None` with one core.
+pub(crate) fn core_round_trip_ns() -> Option<f64> {
+    use std::sync::atomic::AtomicU32;
+    const TRIPS: u32 = 200_000;
+    if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
+        return None;
+    }
+    let flag = AtomicU32::new(0);
+    // Set by a side that could not be pinned: two spinning threads that
+    // may share a core would hand over once per time slice.
+    let unpinned = AtomicBool::new(false);
+    let pin = |core: usize| {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes
+        // inside it, and sched_setaffinity reads it.
+        let pinned = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(core, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) == 0
+        };
+        if !pinned {
+            unpinned.store(true, Ordering::Relaxed);
+        }
+    };
+    // Wait until `flag` is `value`; false if a side is not pinned.
+    let await_flag = |value: u32| {
+        while flag.load(Ordering::Acquire) != value {
+            if unpinned.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        true
+    };
+    // Both sides on threads of their own: a pinned thread's affinity would
+    // pass to every thread it starts.
+    let took = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            pin(1);
+            for _ in 0..TRIPS {
+                if !await_flag(1) {
+                    return;
+                }
+                flag.store(0, Ordering::Release);
+            }
+        });
+        scope
+            .spawn(|| {
+                pin(0);
+                let started = std::time::Instant::now();
+                for _ in 0..TRIPS {
+                    flag.store(1, Ordering::Release);
+                    if !await_flag(0) {
+                        return None;
+                    }
+                }
+                Some(started.elapsed())
+            })
+            .join()
+            .ok()
+            .flatten()
+    });
+    took.map(|t| t.as_nanos() as f64 / f64::from(TRIPS))
+}

@@ -79,7 +79,9 @@ fn main() -> Result<()> {
     let mut skipped: Vec<String> = Vec::new();
     let started = Instant::now();
     let cache = tempfile::tempdir()?;
+    let mut round_trips = Vec::new();
     for pass in 1..=passes {
+        round_trips.extend(load::core_round_trip_ns());
         eprintln!("pass {pass} of {passes}");
         let mut pass_skipped = Vec::new();
         for row in run_pass(&args, cache.path(), &mut pass_skipped)? {
@@ -94,14 +96,25 @@ fn main() -> Result<()> {
             }
         }
     }
+    round_trips.extend(load::core_round_trip_ns());
     let table = results::markdown(&rows);
     println!("{table}");
+    if let Some(line) = results::round_trip_line(&round_trips) {
+        println!("{line}");
+    }
     for s in &skipped {
         println!("skipped {s}");
     }
     if let Some(path) = &args.write {
         let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
-        results::write_results(path, &table, &skipped, &command, started.elapsed())?;
+        results::write_results(
+            path,
+            &table,
+            &skipped,
+            &command,
+            started.elapsed(),
+            &round_trips,
+        )?;
         println!("wrote {}", path.display());
     }
     Ok(())

@@ -89,6 +89,7 @@ pub(crate) fn write_results(
     skipped: &[String],
     args: &str,
     took: Duration,
+    round_trips: &[f64],
 ) -> Result<()> {
     let mut text = String::new();
     text.push_str(include_str!("header.md"));
@@ -101,12 +102,27 @@ pub(crate) fn write_results(
         args,
         humantime_secs(took)
     ));
+    if let Some(line) = round_trip_line(round_trips) {
+        text.push_str(&line);
+        text.push_str("\n\n");
+    }
     text.push_str(table);
     for s in skipped {
         text.push_str(&format!("\nSkipped: {s}\n"));
     }
     text.push_str(include_str!("notes.md"));
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The sentence naming the cores' round trips measured before each pass
+/// and after the last (see `load::core_round_trip_ns`).
+pub(crate) fn round_trip_line(ns: &[f64]) -> Option<String> {
+    let (last, before) = ns.split_last()?;
+    let before: Vec<String> = before.iter().map(|n| format!("{n:.0}")).collect();
+    Some(format!(
+        "A cache line's round trip between two cores (two threads handing a flag back and forth; rounds of ranks on more than one thread wait for such handovers): {} ns before the passes, {last:.0} ns after the last.",
+        before.join(", ")
+    ))
 }
 
 pub(crate) fn humantime_secs(d: Duration) -> String {
