@@ -253,7 +253,7 @@ pub fn preemption_requested() -> bool {
 /// [`Checkpoint::hand_over`] is moved instead: `report` then returns with
 /// the directory empty.
 pub fn report(metrics: impl Into<Metrics>, checkpoint: Option<Checkpoint>) -> Result<(), Error> {
-    let metrics = Into::<Metrics>::into(metrics).to_wit();
+    let metrics = Into::<Metrics>::into(metrics).into_wit();
     let Some(checkpoint) = checkpoint else {
         return session::report(&metrics, None).map_err(Error::from);
     };

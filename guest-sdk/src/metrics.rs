@@ -127,16 +127,18 @@ impl Metrics {
         Ok(out)
     }
 
-    pub(crate) fn to_wit(&self) -> Vec<session::Metric> {
+    /// The metrics as the host takes them; the names and texts move
+    /// instead of being copied.
+    pub(crate) fn into_wit(self) -> Vec<session::Metric> {
         self.values
-            .iter()
+            .into_iter()
             .map(|(name, value)| session::Metric {
-                name: name.clone(),
+                name,
                 value: match value {
-                    MetricValue::Integer(v) => session::MetricValue::Integer(*v),
-                    MetricValue::Float(v) => session::MetricValue::Float(*v),
-                    MetricValue::Text(v) => session::MetricValue::Text(v.clone()),
-                    MetricValue::Boolean(v) => session::MetricValue::Boolean(*v),
+                    MetricValue::Integer(v) => session::MetricValue::Integer(v),
+                    MetricValue::Float(v) => session::MetricValue::Float(v),
+                    MetricValue::Text(v) => session::MetricValue::Text(v),
+                    MetricValue::Boolean(v) => session::MetricValue::Boolean(v),
                 },
             })
             .collect()
