@@ -128,7 +128,8 @@ impl RankHandle {
 
     /// Resolves once the rank must stop, for a rank that waits.
     pub fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.attempt.supervisor.stopped()
+        let (attempt, rank) = (Arc::clone(&self.attempt), self.rank);
+        std::future::poll_fn(move |cx| attempt.supervisor.poll_stopped(rank, cx))
     }
 
     /// Refuse metrics the run cannot rank (R17), before anything else of a
