@@ -183,11 +183,20 @@ pub fn s3(server_port: u16, endpoint_port: u16, bucket: &str) -> Backend {
 /// An existing bucket reached at `endpoint_port`. moto accepts any keys;
 /// dummy ones keep the client from looking for real credentials.
 pub fn s3_existing(endpoint_port: u16, bucket: &str) -> Backend {
+    s3_at(
+        bucket,
+        &format!("http://127.0.0.1:{endpoint_port}"),
+        ("aws_allow_http", "true"),
+    )
+}
+
+/// A bucket at `endpoint`, with the option its transport needs.
+fn s3_at(bucket: &str, endpoint: &str, transport: (&str, &str)) -> Backend {
     Backend {
         url: format!("s3://{bucket}/runs"),
         options: options(&[
-            ("aws_endpoint", &format!("http://127.0.0.1:{endpoint_port}")),
-            ("aws_allow_http", "true"),
+            ("aws_endpoint", endpoint),
+            transport,
             ("aws_region", "us-east-1"),
             ("aws_access_key_id", "test"),
             ("aws_secret_access_key", "test"),
@@ -214,16 +223,11 @@ pub fn s3_tls(server: &Server, bucket: &str) -> Backend {
         .status()
         .expect("python3 runs");
     assert!(made.success(), "creating bucket {bucket} over HTTPS");
-    Backend {
-        url: format!("s3://{bucket}/runs"),
-        options: options(&[
-            ("aws_endpoint", &format!("https://127.0.0.1:{port}")),
-            ("allow_invalid_certificates", "true"),
-            ("aws_region", "us-east-1"),
-            ("aws_access_key_id", "test"),
-            ("aws_secret_access_key", "test"),
-        ]),
-    }
+    s3_at(
+        bucket,
+        &format!("https://127.0.0.1:{port}"),
+        ("allow_invalid_certificates", "true"),
+    )
 }
 
 /// A new bucket on the moto server, reached with object_store's GCS

@@ -15,7 +15,7 @@ use trainhost_test_artifacts::BENCH_GUEST;
 
 /// A goal's verdict on one pair (baseline, ours): `None` for a row that
 /// states no goal to meet.
-pub(crate) type Judge = Arc<dyn Fn(f64, f64) -> Option<bool> + Send + Sync>;
+type Judge = Arc<dyn Fn(f64, f64) -> Option<bool> + Send + Sync>;
 
 /// One line of the results: a measure, its baseline, the goal, and the
 /// samples behind them. The figures (medians, range, verdicts) are taken
@@ -28,7 +28,7 @@ pub(crate) struct Row {
     pub unit: Unit,
     pub goal: String,
     /// One pair per repetition, over every pass of the suite.
-    pub pairs: Paired,
+    pairs: Paired,
     judge: Judge,
     /// A figure taken from the medians (baseline, ours), shown after the
     /// goal.

@@ -50,8 +50,6 @@ fn start_moto(tls: bool) -> Result<Moto> {
 pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
     let aws = std::env::var("TRAINHOST_AWS_CLI")
         .context("TRAINHOST_AWS_CLI is not set (scripts/bench.sh installs the AWS CLI v1)")?;
-    let moto = start_moto(false)?;
-    let endpoint = format!("http://127.0.0.1:{}", moto.1);
     let bucket = "bench";
     // SAFETY: set before any thread of ours reads the environment.
     for (k, v) in [
@@ -62,28 +60,8 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
     ] {
         unsafe { std::env::set_var(k, v) };
     }
-    time_command(Command::new(&aws).args([
-        "s3",
-        "mb",
-        &format!("s3://{bucket}"),
-        "--endpoint-url",
-        &endpoint,
-    ]))?;
-    let options = StorageOptions {
-        options: vec![
-            ("aws_endpoint".into(), endpoint.clone()),
-            ("allow_http".into(), "true".into()),
-        ],
-        ..StorageOptions::default()
-    };
-    let uploader = Uploader {
-        aws: &aws,
-        endpoint: &endpoint,
-        aws_args: &[],
-        bucket,
-        options: &options,
-        over: "",
-    };
+    let uploader = Uploader::start(&aws, bucket, false)?;
+    let options = &uploader.options;
     // Files above one part (multipart uploads, each part hashed again for
     // its signature), then files sent in one request each.
     let (mut rows, work) = uploader.rows(&[(if quick { 2 } else { 8 }, 16 << 20)], "big", reps)?;
@@ -118,49 +96,59 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
 /// The multipart rows again over HTTPS, where both sides leave payloads
 /// unsigned by default (TLS guards them) and pay for encryption.
 fn over_https(aws: &str, bucket: &str, files: u32, reps: usize) -> Result<Vec<Row>> {
-    let moto = start_moto(true)?;
-    let endpoint = format!("https://127.0.0.1:{}", moto.1);
-    // moto's certificate is made up: neither side may verify it.
-    let aws_args = ["--no-verify-ssl"];
-    time_command(
-        Command::new(aws)
-            .args([
-                "s3",
-                "mb",
-                &format!("s3://{bucket}"),
-                "--endpoint-url",
-                &endpoint,
-            ])
-            .args(aws_args),
-    )?;
-    let options = StorageOptions {
-        options: vec![
-            ("aws_endpoint".into(), endpoint.clone()),
-            ("allow_invalid_certificates".into(), "true".into()),
-        ],
-        ..StorageOptions::default()
-    };
-    let uploader = Uploader {
-        aws,
-        endpoint: &endpoint,
-        aws_args: &aws_args,
-        bucket,
-        options: &options,
-        over: ", HTTPS",
-    };
+    let uploader = Uploader::start(aws, bucket, true)?;
     Ok(uploader.rows(&[(files, 16 << 20)], "big-tls", reps)?.0)
 }
 
-/// Uploads to one bucket, by the AWS CLI and by the host.
+/// Uploads to one bucket of a moto server of its own, by the AWS CLI and
+/// by the host.
 struct Uploader<'a> {
     aws: &'a str,
-    endpoint: &'a str,
+    endpoint: String,
     /// More arguments for the AWS CLI.
-    aws_args: &'a [&'a str],
+    aws_args: &'static [&'static str],
     bucket: &'a str,
-    options: &'a StorageOptions,
+    options: StorageOptions,
     /// How the rows name the transport, if not plain HTTP.
-    over: &'a str,
+    over: &'static str,
+    _moto: Moto,
+}
+
+impl<'a> Uploader<'a> {
+    /// Start moto (over HTTPS if `tls`) and make `bucket` there.
+    fn start(aws: &'a str, bucket: &'a str, tls: bool) -> Result<Self> {
+        let moto = start_moto(tls)?;
+        let scheme = if tls { "https" } else { "http" };
+        let endpoint = format!("{scheme}://127.0.0.1:{}", moto.1);
+        // moto's certificate is made up: neither side may verify it.
+        let (aws_args, transport): (&'static [&'static str], _) = if tls {
+            (&["--no-verify-ssl"], "allow_invalid_certificates")
+        } else {
+            (&[], "allow_http")
+        };
+        time_command(
+            Command::new(aws)
+                .args(["s3", "mb", &format!("s3://{bucket}"), "--endpoint-url"])
+                .arg(&endpoint)
+                .args(aws_args),
+        )?;
+        let options = StorageOptions {
+            options: vec![
+                ("aws_endpoint".into(), endpoint.clone()),
+                (transport.into(), "true".into()),
+            ],
+            ..StorageOptions::default()
+        };
+        Ok(Self {
+            aws,
+            endpoint,
+            aws_args,
+            bucket,
+            options,
+            over: if tls { ", HTTPS" } else { "" },
+            _moto: moto,
+        })
+    }
 }
 
 impl Uploader<'_> {
@@ -182,7 +170,7 @@ impl Uploader<'_> {
                     .args(["s3", "cp", "--recursive", "--quiet"])
                     .arg(work.path())
                     .arg(format!("s3://{}/aws-{tag}-{i}", self.bucket))
-                    .args(["--endpoint-url", self.endpoint])
+                    .args(["--endpoint-url", &self.endpoint])
                     .args(self.aws_args),
             )?;
             let (aws_wall, aws_cpu) = (wall.as_nanos() as f64, cpu.as_nanos() as f64);
@@ -192,7 +180,7 @@ impl Uploader<'_> {
                 work.path(),
                 &format!("s3://{}", self.bucket),
                 &format!("ours-{tag}-{i}"),
-                self.options,
+                &self.options,
                 Durability::OnDisk,
             )?;
             wall_pairs.push(aws_wall, started.elapsed().as_nanos() as f64);
