@@ -162,4 +162,44 @@ mod tests {
         assert_eq!(pairs.met_in(|_, _| None), None);
         assert_eq!(met(None, None), "");
     }
+
+    #[test]
+    fn the_passes_of_a_line_make_one_row_and_its_range_spans_them() {
+        let goal = |b: f64, o: f64| Some(o <= 1.2 * b);
+        let pass = |b: f64, o: f64| {
+            let mut pairs = Paired::default();
+            pairs.push(b, o);
+            pairs.row("g", "m".into(), "b".into(), "goal".into(), goal)
+        };
+        // Alone, a pass has no range; together, the three passes' samples
+        // give the range, the medians and the verdicts.
+        let mut row = pass(100.0, 110.0);
+        assert_eq!(row.spread(), None);
+        for other in [pass(100.0, 150.0), pass(200.0, 220.0)] {
+            assert!(row.same_line(&other));
+            row.absorb(other);
+        }
+        assert_eq!(row.spread(), Some((1.1, 1.5)));
+        assert_eq!(row.medians(), (100.0, 150.0));
+        assert_eq!(row.met(), Some(false));
+        assert_eq!(row.met_in(), Some((2, 3)));
+        let another = Paired::default().row("g", "m".into(), "other".into(), "goal".into(), goal);
+        assert!(!row.same_line(&another));
+    }
+
+    #[test]
+    fn a_small_ratio_and_its_range_keep_two_significant_digits() {
+        let mut pairs = Paired::default();
+        for (b, o) in [(1000.0, 6.0), (1000.0, 4.0), (1000.0, 11.0)] {
+            pairs.push(b, o);
+        }
+        let table = markdown(&[pairs.row("g", "m".into(), "b".into(), "goal".into(), |_, _| None)]);
+        // Rounded to two decimals the range read (0.00–0.01), which a
+        // ratio of 0.006 seemed to fall outside.
+        assert!(table.contains("| 0.0060 (0.0040–0.0110) |"), "{table}");
+        assert_eq!(decimals(1.234), 3);
+        assert_eq!(decimals(0.5), 3);
+        assert_eq!(decimals(0.05), 3);
+        assert_eq!(decimals(0.0012), 4);
+    }
 }
