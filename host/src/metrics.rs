@@ -171,9 +171,13 @@ pub enum InvalidMetrics {
 /// assert_eq!(m.to_string(), "epoch=2 loss=0.5");
 /// assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"epoch":2,"loss":0.5}"#);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Metrics(BTreeMap<String, MetricValue>);
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics(
+    /// Sorted by name, each name once. A report usually carries a few
+    /// metrics, and every rank's report builds its own: a vector is one
+    /// small allocation where a `BTreeMap` node takes over 600 bytes.
+    Vec<(String, MetricValue)>,
+);
 
 impl Metrics {
     /// No metrics.
@@ -181,14 +185,22 @@ impl Metrics {
         Self::default()
     }
 
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(name))
+    }
+
     /// The value of `name`.
     pub fn get(&self, name: &str) -> Option<&MetricValue> {
-        self.0.get(name)
+        self.find(name).ok().map(|i| &self.0[i].1)
     }
 
     /// Set `name` to `value`.
     pub fn insert(&mut self, name: impl Into<String>, value: MetricValue) {
-        self.0.insert(name.into(), value);
+        let name = name.into();
+        match self.find(&name) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => self.0.insert(i, (name, value)),
+        }
     }
 
     /// The metrics in name order.
@@ -209,38 +221,44 @@ impl Metrics {
     /// Build metrics from `(name, value)` pairs as a guest sends them,
     /// refusing empty, repeated and oversized names, oversized text and too
     /// many metrics (they would bloat every manifest and history line).
+    /// Too many metrics are found first, a repeated name last.
     pub fn from_pairs(
         pairs: impl IntoIterator<Item = (String, MetricValue)>,
     ) -> Result<Self, InvalidMetrics> {
-        let mut out = BTreeMap::new();
-        for (name, value) in pairs {
-            if out.len() == MAX_METRICS {
-                return Err(InvalidMetrics::TooMany);
-            }
+        // Collected first: from a guest's vector of the same layout the
+        // pairs stay in its allocation.
+        let mut out: Vec<(String, MetricValue)> = pairs.into_iter().take(MAX_METRICS + 1).collect();
+        if out.len() > MAX_METRICS {
+            return Err(InvalidMetrics::TooMany);
+        }
+        for (name, value) in &mut out {
             if name.len() > MAX_NAME_BYTES {
                 return Err(InvalidMetrics::NameTooLong {
                     start: name.chars().take(32).collect(),
                     bytes: name.len(),
                 });
             }
-            if let MetricValue::Text(text) = &value
+            if let MetricValue::Text(text) = value
                 && text.len() > MAX_TEXT_BYTES
             {
                 return Err(InvalidMetrics::TextTooLong {
                     bytes: text.len(),
-                    name,
+                    name: std::mem::take(name),
                 });
             }
             if name.is_empty() {
                 return Err(InvalidMetrics::EmptyName);
             }
             if name.split('/').any(str::is_empty) {
-                return Err(InvalidMetrics::EmptyPart { name });
+                return Err(InvalidMetrics::EmptyPart {
+                    name: std::mem::take(name),
+                });
             }
-            if out.contains_key(&name) {
-                return Err(InvalidMetrics::Repeated { name });
-            }
-            out.insert(name, value);
+        }
+        out.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        if let Some(i) = (1..out.len()).find(|&i| out[i - 1].0 == out[i].0) {
+            let name = std::mem::take(&mut out[i].0);
+            return Err(InvalidMetrics::Repeated { name });
         }
         Ok(Metrics(out))
     }
@@ -259,9 +277,26 @@ impl fmt::Display for Metrics {
     }
 }
 
+/// A later value of a name replaces an earlier one.
 impl<K: Into<String>> FromIterator<(K, MetricValue)> for Metrics {
     fn from_iter<I: IntoIterator<Item = (K, MetricValue)>>(iter: I) -> Self {
-        Metrics(iter.into_iter().map(|(k, v)| (k.into(), v)).collect())
+        let map: BTreeMap<String, MetricValue> =
+            iter.into_iter().map(|(k, v)| (k.into(), v)).collect();
+        Metrics(map.into_iter().collect())
+    }
+}
+
+/// A JSON object, in name order.
+impl Serialize for Metrics {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Metrics {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, MetricValue>::deserialize(d)?;
+        Ok(Metrics(map.into_iter().collect()))
     }
 }
 
@@ -319,6 +354,31 @@ mod tests {
         assert!(Metrics::from_pairs([("a//b".into(), v())]).is_err());
         assert!(Metrics::from_pairs([("a".into(), v()), ("a".into(), v())]).is_err());
         assert!(Metrics::from_pairs([("eval/loss".into(), v())]).is_ok());
+    }
+
+    #[test]
+    fn metrics_are_kept_in_name_order_and_a_name_once() {
+        let v = MetricValue::Integer;
+        let mut m = Metrics::from_pairs([("loss".into(), v(3)), ("epoch".into(), v(1))]).unwrap();
+        m.insert("acc", v(2));
+        m.insert("loss", v(4));
+        let names: Vec<&str> = m.iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["acc", "epoch", "loss"]);
+        assert_eq!(m.get("loss"), Some(&v(4)));
+        assert_eq!(m.get("lr"), None);
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            r#"{"acc":2,"epoch":1,"loss":4}"#
+        );
+        let repeated =
+            Metrics::from_pairs([("b".into(), v(1)), ("a".into(), v(1)), ("b".into(), v(2))]);
+        assert!(
+            matches!(&repeated, Err(InvalidMetrics::Repeated { name }) if name == "b"),
+            "{repeated:?}"
+        );
+        let collected: Metrics = [("x", v(1)), ("x", v(2))].into_iter().collect();
+        assert_eq!(collected.len(), 1);
+        assert_eq!(collected.get("x"), Some(&v(2)));
     }
 
     #[test]
