@@ -14,10 +14,13 @@
 //! thread running several ranks goes on with the next one (see
 //! `crate::executor`), and the leader wakes exactly the waiting ranks once
 //! the outcome is stored. A waiter tells the executor that its wait should
-//! be brief (the others are on their way), and when its timeout falls.
+//! be brief (the others are on their way), and when its timeout falls: the
+//! report timeout after the round's first arrival. A rank's call takes the
+//! lock twice, to arrive and to read the outcome, reads no clock unless it
+//! is the round's first, and keeps its waker from round to round.
 
 use std::sync::{Mutex, MutexGuard};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::executor;
@@ -48,29 +51,36 @@ struct State<A, O> {
     /// can call again, and a round cannot complete without every rank, so
     /// one slot is enough.
     last: Option<(u64, O)>,
+    /// When the round's first rank arrived: its timeout counts from then.
+    started: Option<Instant>,
     /// Per rank: the number of rounds it returned from `train` after.
     finished: Vec<Option<u64>>,
     aborted: bool,
     /// The ranks waiting for the current round (or for an abort), by rank.
-    waiting: Vec<Option<Waker>>,
+    waiting: Vec<bool>,
+    /// Each rank's last waker, kept across rounds: a rank's task keeps its
+    /// waker, and a clone per round would cost a reference count written
+    /// on one core and dropped on another.
+    wakers: Vec<Option<Waker>>,
 }
 
 impl<A, O> State<A, O> {
-    /// Mark the run as failing and take the ranks to wake.
-    fn abort(&mut self) -> Vec<Waker> {
+    /// Mark the run as failing and wake every waiting rank.
+    fn abort(&mut self) {
         self.aborted = true;
-        self.take_waiting()
+        self.wake_waiting();
     }
 
-    fn take_waiting(&mut self) -> Vec<Waker> {
-        self.waiting.iter_mut().filter_map(Option::take).collect()
-    }
-}
-
-/// Wake `wakers`, outside the lock.
-fn wake(wakers: Vec<Waker>) {
-    for w in wakers {
-        w.wake();
+    /// Wake the waiting ranks. Under the lock: a waker only queues its
+    /// task, and the ranks it wakes find the outcome stored.
+    fn wake_waiting(&mut self) {
+        for (waiting, waker) in self.waiting.iter_mut().zip(&self.wakers) {
+            if std::mem::take(waiting)
+                && let Some(waker) = waker
+            {
+                waker.wake_by_ref();
+            }
+        }
     }
 }
 
@@ -124,9 +134,11 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
                 arrived: 0,
                 closed: false,
                 last: None,
+                started: None,
                 finished: vec![None; world_size],
                 aborted: false,
-                waiting: (0..world_size).map(|_| None).collect(),
+                waiting: vec![false; world_size],
+                wakers: (0..world_size).map(|_| None).collect(),
             }),
         }
     }
@@ -149,16 +161,34 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         arrival: A,
         lead: impl FnOnce(Gathered<A>) -> O,
     ) -> Result<O, Result<Violation, Aborted>> {
-        match self.enter(rank, arrival, lead) {
-            Entered::Done(result) => result,
-            Entered::Waiting { round } => self.wait(rank, round).await,
-        }
+        let mut arriving = Some((arrival, lead));
+        let mut round = 0;
+        std::future::poll_fn(move |cx| {
+            let st = self.lock();
+            let (st, arrived) = match arriving.take() {
+                Some((arrival, lead)) => match self.enter(st, rank, arrival, lead) {
+                    Entered::Done(result) => return Poll::Ready(result),
+                    Entered::Waiting { round: r, st } => {
+                        round = r;
+                        (st, true)
+                    }
+                },
+                None => (st, false),
+            };
+            self.wait(st, rank, round, arrived, cx)
+        })
+        .await
     }
 
     /// The part of [`Self::arrive`] that does not wait: the arrival, and
     /// the round if this rank is the last to arrive.
-    fn enter(&self, rank: usize, arrival: A, lead: impl FnOnce(Gathered<A>) -> O) -> Entered<O> {
-        let mut st = self.lock();
+    fn enter<'g>(
+        &'g self,
+        mut st: MutexGuard<'g, State<A, O>>,
+        rank: usize,
+        arrival: A,
+        lead: impl FnOnce(Gathered<A>) -> O,
+    ) -> Entered<'g, A, O> {
         if st.aborted {
             return Entered::Done(Err(Err(Aborted)));
         }
@@ -175,9 +205,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             })
             .collect();
         if !gone.is_empty() {
-            let waiting = st.abort();
-            drop(st);
-            wake(waiting);
+            st.abort();
             return Entered::Done(Err(Ok(Violation(format!(
                 "rank {} called {} as its {} collective call, but {}; {SAME_CALLS}",
                 rank + self.first,
@@ -204,67 +232,74 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             st.round += 1;
             st.arrived = 0;
             st.closed = false;
-            let waiting = st.take_waiting();
-            drop(st);
-            wake(waiting);
+            st.started = None;
+            st.wake_waiting();
             return Entered::Done(Ok(outcome));
         }
-        Entered::Waiting { round }
+        if st.arrived == 1 {
+            st.started = Some(Instant::now());
+        }
+        Entered::Waiting { round, st }
     }
 
-    /// Wait for the outcome of `round`, which `rank` arrived for.
-    async fn wait(&self, rank: usize, round: u64) -> Result<O, Result<Violation, Aborted>> {
-        // Set at the first poll that has to wait: a round that is already
-        // decided reads no clock.
-        let mut deadline = None;
-        std::future::poll_fn(|cx| {
-            let mut st = self.lock();
-            // A completed round's outcome stands even if the run began
-            // stopping since: a mismatch the leader found is told to every
-            // rank of the round.
-            if let Some((r, outcome)) = &st.last
-                && *r == round
-            {
-                return Poll::Ready(Ok(outcome.clone()));
-            }
-            if st.aborted {
-                return Poll::Ready(Err(Err(Aborted)));
-            }
-            let deadline = match deadline {
-                // Just arrived: the wait begins now.
-                None => *deadline.insert(Instant::now() + self.timeout),
-                Some(at) if st.closed || Instant::now() < at => at,
-                Some(_) => {
-                    let (came, missing): (Vec<usize>, Vec<usize>) =
-                        (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
-                    let (came, missing) = (self.shown(came), self.shown(missing));
-                    let what = self.calls(&st);
-                    let waiting = st.abort();
-                    drop(st);
-                    wake(waiting);
-                    return Poll::Ready(Err(Ok(Violation(format!(
-                        "ranks {came:?} waited {} in their {} collective call ({}) for ranks {missing:?}, which did not arrive; {SAME_CALLS} (raise the report timeout if a step can take longer)",
-                        humantime::format_duration(self.timeout),
-                        ordinal(round + 1),
-                        what,
-                    )))));
-                }
-            };
-            match &mut st.waiting[rank] {
-                Some(w) if w.will_wake(cx.waker()) => {}
-                slot => *slot = Some(cx.waker().clone()),
-            }
-            // The others are on their way, or the leader is recording,
-            // which takes microseconds without a checkpoint (the idle wait
-            // learns when it does not). Once the round is closed the leader
-            // has its own storage timeouts, so wait without a deadline.
-            executor::waiting_briefly();
-            if !st.closed {
-                executor::poll_again_at(deadline);
-            }
-            Poll::Pending
-        })
-        .await
+    /// One look at `round`, which `rank` arrived for (`arrived`: just
+    /// now): its outcome, or the rank waits (and the round times out once
+    /// the report timeout has passed since its first arrival).
+    fn wait(
+        &self,
+        mut st: MutexGuard<'_, State<A, O>>,
+        rank: usize,
+        round: u64,
+        arrived: bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<O, Result<Violation, Aborted>>> {
+        // A completed round's outcome stands even if the run began
+        // stopping since: a mismatch the leader found is told to every
+        // rank of the round.
+        if let Some((r, outcome)) = &st.last
+            && *r == round
+        {
+            return Poll::Ready(Ok(outcome.clone()));
+        }
+        if st.aborted {
+            return Poll::Ready(Err(Err(Aborted)));
+        }
+        // An arrival reads no clock: the round's others have not timed it
+        // out, so its deadline has not passed.
+        let deadline = st.started.map(|at| at + self.timeout);
+        if !arrived
+            && !st.closed
+            && let Some(at) = deadline
+            && Instant::now() >= at
+        {
+            let (came, missing): (Vec<usize>, Vec<usize>) =
+                (0..self.world_size).partition(|r| st.arrivals[*r].is_some());
+            let (came, missing) = (self.shown(came), self.shown(missing));
+            let what = self.calls(&st);
+            st.abort();
+            return Poll::Ready(Err(Ok(Violation(format!(
+                "ranks {came:?} waited {} in their {} collective call ({}) for ranks {missing:?}, which did not arrive; {SAME_CALLS} (raise the report timeout if a step can take longer)",
+                humantime::format_duration(self.timeout),
+                ordinal(round + 1),
+                what,
+            )))));
+        }
+        st.waiting[rank] = true;
+        match &mut st.wakers[rank] {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        // The others are on their way, or the leader is recording,
+        // which takes microseconds without a checkpoint (the idle wait
+        // learns when it does not). Once the round is closed the leader
+        // has its own storage timeouts, so wait without a deadline.
+        executor::waiting_briefly();
+        if !st.closed
+            && let Some(at) = deadline
+        {
+            executor::poll_again_at(at);
+        }
+        Poll::Pending
     }
 
     /// Name ranks in messages from `first` on: the gate of a node whose
@@ -310,9 +345,8 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         let waiting = self.shown((0..self.world_size).filter(|r| st.arrivals[*r].is_some()));
         let round = st.round;
         let what = self.calls(&st);
-        let threads = st.abort();
+        st.abort();
         drop(st);
-        wake(threads);
         Err(Violation(format!(
             "rank {} returned from train after {calls} collective calls while ranks {waiting:?} wait in their {} ({what}); {SAME_CALLS}",
             rank + self.first,
@@ -322,17 +356,19 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
 
     /// Wake every waiting rank with [`Aborted`]; later arrivals get it too.
     pub fn abort(&self) {
-        let waiting = self.lock().abort();
-        wake(waiting);
+        self.lock().abort();
     }
 }
 
 /// What a rank's arrival came to at once.
-enum Entered<O> {
+enum Entered<'g, A, O> {
     /// The call's result: this rank led the round, or may not take part.
     Done(Result<O, Result<Violation, Aborted>>),
-    /// The round is waiting for other ranks.
-    Waiting { round: u64 },
+    /// The round is waiting for other ranks; the lock is still held.
+    Waiting {
+        round: u64,
+        st: MutexGuard<'g, State<A, O>>,
+    },
 }
 
 /// The rule every protocol violation ends with.
@@ -467,6 +503,55 @@ mod tests {
         assert!(violation.contains("ranks [0, 2]"), "{violation}");
         assert!(violation.contains("for ranks [1]"), "{violation}");
         assert!(started.elapsed() < Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_late_rank_fails_with_the_round_at_the_first_arrivals_timeout() {
+        // Rank 2 comes 800 ms after rank 0, with a timeout of 1 s: the
+        // round fails 1 s after rank 0 came, not 1 s after rank 2, and
+        // rank 2 is told at once.
+        let g = gate(3, 1_000);
+        let g0 = Arc::clone(&g);
+        let t = std::thread::spawn(move || block_on(g0.arrive(0, 0, |_| 0)));
+        while g.lock().arrived == 0 {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(800));
+        let late = Instant::now();
+        let err = block_on(g.arrive(2, 0, |_| 0));
+        let waited = late.elapsed();
+        let other = t.join().unwrap();
+        assert!(
+            matches!(
+                (&err, &other),
+                (Err(Ok(_)), Err(Err(Aborted))) | (Err(Err(Aborted)), Err(Ok(_)))
+            ),
+            "{err:?} {other:?}"
+        );
+        assert!(waited < Duration::from_millis(700), "waited {waited:?}");
+    }
+
+    #[test]
+    fn a_rank_keeps_its_waker_from_round_to_round() {
+        // Two ranks on one thread: each round the waiting rank is woken,
+        // and its registered waker stays for the next round.
+        let g = ReportGate::<u32, u32>::new(2, Duration::from_secs(60));
+        let tasks = (0..2).map(|r| {
+            let g = &g;
+            let task: executor::TaskFuture<'_> = Box::pin(async move {
+                for i in 0..100u32 {
+                    let sum = g
+                        .arrive(r, i, |gathered| gathered.arrivals.iter().sum())
+                        .await;
+                    assert_eq!(sum, Ok(2 * i));
+                }
+            });
+            (r, task)
+        });
+        executor::run(1, tasks, &IdleWait::new(1), |r, m| panic!("rank {r}: {m}"));
+        let st = g.lock();
+        assert!(st.wakers.iter().all(Option::is_some));
+        assert!(st.waiting.iter().all(|w| !w));
     }
 
     #[test]

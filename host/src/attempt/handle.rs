@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
+use std::task::Waker;
 
 use cap_std::fs::Dir;
 
@@ -126,10 +127,19 @@ impl RankHandle {
         self.attempt.supervisor.is_stopping()
     }
 
-    /// Resolves once the rank must stop, for a rank that waits.
+    /// Resolves once the rank must stop, for a rank that waits. It is
+    /// polled beside the rank's call at every wake-up, with the same waker
+    /// each time: that waker is registered once.
     pub fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
         let (attempt, rank) = (Arc::clone(&self.attempt), self.rank);
-        std::future::poll_fn(move |cx| attempt.supervisor.poll_stopped(rank, cx))
+        let mut registered: Option<Waker> = None;
+        std::future::poll_fn(move |cx| {
+            let fresh = !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+            if fresh {
+                registered = Some(cx.waker().clone());
+            }
+            attempt.supervisor.poll_stopped(rank, fresh, cx)
+        })
     }
 
     /// Refuse metrics the run cannot rank (R17), before anything else of a

@@ -125,15 +125,15 @@ impl Shared {
     /// attempt is stopping: with the violation if the ranks broke the
     /// protocol (the run is failed with it).
     async fn round(&self, rank: u32, arrival: Arrival) -> Result<Outcome, Option<Violation>> {
-        self.supervisor.alive(rank);
-        // Waiting for slower ranks is not stalling.
+        // Waiting for slower ranks is not stalling; the stall clock starts
+        // again when the call returns.
         self.supervisor.waiting(rank, true);
         let outcome = self
             .gate
             .arrive(rank as usize, arrival, |gathered| self.lead(gathered))
             .await;
-        self.supervisor.waiting(rank, false);
         self.supervisor.alive(rank);
+        self.supervisor.waiting(rank, false);
         match outcome {
             Ok(Outcome::Mismatch(violation)) | Err(Ok(violation)) => {
                 // Every rank of a mismatched round gets here; the first

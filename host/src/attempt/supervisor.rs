@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use futures::task::AtomicWaker;
 
 use crate::failure::RunFailure;
@@ -39,7 +40,9 @@ pub(super) struct Supervisor {
     started: Instant,
     /// `started` on the clock of [`coarse_ms`].
     started_ms: u64,
-    ranks: Vec<RankHealth>,
+    /// On cache lines of their own: each rank writes its own several
+    /// times a round, and neighbouring ranks run on different threads.
+    ranks: Vec<CachePadded<RankHealth>>,
 }
 
 /// One rank's health.
@@ -69,7 +72,7 @@ impl Supervisor {
             announced: AtomicBool::new(false),
             started: Instant::now(),
             started_ms: coarse_ms(),
-            ranks: (0..world_size).map(|_| RankHealth::default()).collect(),
+            ranks: (0..world_size).map(|_| CachePadded::default()).collect(),
         }
     }
 
@@ -98,11 +101,15 @@ impl Supervisor {
         }
     }
 
-    /// Ready once the stop is announced; rank `rank`'s wait for it.
-    pub fn poll_stopped(&self, rank: u32, cx: &mut Context<'_>) -> Poll<()> {
+    /// Ready once the stop is announced; rank `rank`'s wait for it. With
+    /// `register`, `cx`'s waker is the one to wake; else the one given
+    /// before still is.
+    pub fn poll_stopped(&self, rank: u32, register: bool, cx: &mut Context<'_>) -> Poll<()> {
         // Registered before the flag is read: an announcement between the
         // two still wakes this waker.
-        self.ranks[rank as usize].stop_waker.register(cx.waker());
+        if register {
+            self.ranks[rank as usize].stop_waker.register(cx.waker());
+        }
         if self.announced.load(Ordering::Acquire) {
             Poll::Ready(())
         } else {
