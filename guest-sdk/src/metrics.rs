@@ -1,8 +1,6 @@
 //! Metrics as the guest builds them: a flat map from name to value, with
 //! nested structures flattened into `/`-separated names.
 
-use std::collections::BTreeMap;
-
 use crate::wit::trainhost::train::session;
 
 /// The value of one metric.
@@ -75,7 +73,10 @@ impl From<String> for MetricValue {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metrics {
-    values: BTreeMap<String, MetricValue>,
+    /// Sorted by name, each name once: one small allocation per report,
+    /// where a `BTreeMap` node takes over 600 bytes, and handed to the
+    /// host in place.
+    values: Vec<(String, MetricValue)>,
 }
 
 impl Metrics {
@@ -84,9 +85,17 @@ impl Metrics {
         Self::default()
     }
 
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.values.binary_search_by(|(k, _)| k.as_str().cmp(name))
+    }
+
     /// Set `name` to `value`, replacing an earlier value of that name.
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<MetricValue>) {
-        self.values.insert(name.into(), value.into());
+        let (name, value) = (name.into(), value.into());
+        match self.find(&name) {
+            Ok(i) => self.values[i].1 = value,
+            Err(i) => self.values.insert(i, (name, value)),
+        }
     }
 
     /// Builder form of [`Metrics::insert`].
@@ -97,7 +106,7 @@ impl Metrics {
 
     /// The value of `name`.
     pub fn get(&self, name: &str) -> Option<&MetricValue> {
-        self.values.get(name)
+        self.find(name).ok().map(|i| &self.values[i].1)
     }
 
     /// How many metrics there are.
@@ -182,20 +191,61 @@ impl<K: Into<String>, V: Into<MetricValue>, const N: usize> From<[(K, V); N]> fo
     }
 }
 
+/// A later value of a name replaces an earlier one, as with
+/// [`Metrics::insert`].
 impl<K: Into<String>, V: Into<MetricValue>> FromIterator<(K, V)> for Metrics {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let mut m = Metrics::new();
-        for (k, v) in iter {
-            m.insert(k, v);
-        }
-        m
+        let mut values: Vec<(String, MetricValue)> = iter
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        // Stable: a name's values stay in the order given. Reversed, the
+        // value kept for each name is then its last.
+        values.sort_by(|(a, _), (b, _)| a.cmp(b));
+        values.reverse();
+        values.dedup_by(|(a, _), (b, _)| a == b);
+        values.reverse();
+        Metrics { values }
     }
 }
 
+/// The metrics in name order.
 impl IntoIterator for Metrics {
     type Item = (String, MetricValue);
-    type IntoIter = std::collections::btree_map::IntoIter<String, MetricValue>;
+    type IntoIter = std::vec::IntoIter<(String, MetricValue)>;
     fn into_iter(self) -> Self::IntoIter {
         self.values.into_iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_kept_in_name_order_with_a_names_last_value() {
+        let mut m = Metrics::new().with("loss", 0.5).with("epoch", 1);
+        m.insert("acc", true);
+        m.insert("loss", 0.25);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.get("loss"), Some(&MetricValue::Float(0.25)));
+        assert_eq!(m.get("lr"), None);
+        let names: Vec<String> = m.clone().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["acc", "epoch", "loss"]);
+        let wit: Vec<String> = m.into_wit().into_iter().map(|m| m.name).collect();
+        assert_eq!(wit, ["acc", "epoch", "loss"]);
+
+        let collected: Metrics = [("b", 1), ("a", 2), ("b", 3), ("a", 4), ("c", 5)]
+            .into_iter()
+            .collect();
+        let pairs: Vec<(String, MetricValue)> = collected.into_iter().collect();
+        assert_eq!(
+            pairs,
+            [
+                ("a".to_owned(), MetricValue::Integer(4)),
+                ("b".to_owned(), MetricValue::Integer(3)),
+                ("c".to_owned(), MetricValue::Integer(5)),
+            ]
+        );
     }
 }
