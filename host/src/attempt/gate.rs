@@ -16,9 +16,14 @@
 //! the outcome is stored. A waiter tells the executor that its wait should
 //! be brief (the others are on their way), and when its timeout falls: the
 //! report timeout after the round's first arrival. A rank's call takes the
-//! lock twice, to arrive and to read the outcome, reads no clock unless it
-//! is the round's first, and keeps its waker from round to round.
+//! lock once, to arrive; it reads the outcome without the lock (each lock
+//! moves the lock's cache line to the core that takes it, and on a machine
+//! whose cores are far apart a round of 16 ranks paid tens of such moves).
+//! It reads no clock unless it is the round's first, and keeps its waker
+//! from round to round.
 
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -40,17 +45,13 @@ pub(crate) struct Gathered<A> {
     pub arrivals: Vec<A>,
 }
 
-struct State<A, O> {
+struct State<A> {
     /// The round being gathered (the number of completed rounds).
     round: u64,
     arrivals: Vec<Option<A>>,
     arrived: usize,
     /// All ranks arrived; the leader is processing the round.
     closed: bool,
-    /// The outcome of the last completed round. Ranks read it before they
-    /// can call again, and a round cannot complete without every rank, so
-    /// one slot is enough.
-    last: Option<(u64, O)>,
     /// When the round's first rank arrived: its timeout counts from then.
     started: Option<Instant>,
     /// Per rank: the number of rounds it returned from `train` after.
@@ -64,7 +65,7 @@ struct State<A, O> {
     wakers: Vec<Option<Waker>>,
 }
 
-impl<A, O> State<A, O> {
+impl<A> State<A> {
     /// Mark the run as failing and wake every waiting rank.
     fn abort(&mut self) {
         self.aborted = true;
@@ -92,7 +93,58 @@ pub(crate) struct ReportGate<A, O> {
     /// several hosts a node's gate holds its own ranks only.
     first: usize,
     timeout: Duration,
-    state: Mutex<State<A, O>>,
+    state: Mutex<State<A>>,
+    /// The last completed round's outcome.
+    published: Published<O>,
+}
+
+/// The outcome of the last completed round, which its waiting ranks read
+/// without the gate's lock. Ranks read it before they can call again, and
+/// a round cannot complete without every rank, so one slot is enough: the
+/// next round's leader writes it only once every rank has arrived again,
+/// that is, once every rank has read it.
+struct Published<O> {
+    /// Rounds completed; `outcome` holds the last one's.
+    rounds: AtomicU64,
+    outcome: UnsafeCell<Option<O>>,
+}
+
+// SAFETY: the outcome is written by one thread at a time (the leader, under
+// the gate's lock) and only while no rank reads it (see `publish`); readers
+// only clone it through a shared reference.
+unsafe impl<O: Send + Sync> Sync for Published<O> {}
+
+impl<O: Clone> Published<O> {
+    fn new() -> Self {
+        Self {
+            rounds: AtomicU64::new(0),
+            outcome: UnsafeCell::new(None),
+        }
+    }
+
+    /// Store round `round`'s outcome and count the round completed.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the gate's lock and every rank has arrived for
+    /// `round`: each rank that waited for the round before has read its
+    /// outcome before arriving again, and none reads this one yet.
+    unsafe fn publish(&self, round: u64, outcome: O) {
+        // SAFETY: no reader and no other writer, by the contract above.
+        unsafe { *self.outcome.get() = Some(outcome) };
+        self.rounds.store(round + 1, Ordering::Release);
+    }
+
+    /// Round `round`'s outcome, once it is published; for a rank that
+    /// arrived for `round` and has not arrived again.
+    fn read(&self, round: u64) -> Option<O> {
+        if self.rounds.load(Ordering::Acquire) != round + 1 {
+            return None;
+        }
+        // SAFETY: the write happened before the release store this load
+        // acquired, and the next write waits for this rank's next arrival.
+        unsafe { (*self.outcome.get()).clone() }
+    }
 }
 
 impl<A, O> std::fmt::Debug for ReportGate<A, O> {
@@ -133,17 +185,17 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
                 arrivals: (0..world_size).map(|_| None).collect(),
                 arrived: 0,
                 closed: false,
-                last: None,
                 started: None,
                 finished: vec![None; world_size],
                 aborted: false,
                 waiting: vec![false; world_size],
                 wakers: (0..world_size).map(|_| None).collect(),
             }),
+            published: Published::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<A, O>> {
+    fn lock(&self) -> MutexGuard<'_, State<A>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -164,6 +216,12 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         let mut arriving = Some((arrival, lead));
         let mut round = 0;
         std::future::poll_fn(move |cx| {
+            // Woken by the leader: the outcome is there, no lock needed.
+            if arriving.is_none()
+                && let Some(outcome) = self.published.read(round)
+            {
+                return Poll::Ready(Ok(outcome));
+            }
             let st = self.lock();
             let (st, arrived) = match arriving.take() {
                 Some((arrival, lead)) => match self.enter(st, rank, arrival, lead) {
@@ -184,7 +242,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
     /// the round if this rank is the last to arrive.
     fn enter<'g>(
         &'g self,
-        mut st: MutexGuard<'g, State<A, O>>,
+        mut st: MutexGuard<'g, State<A>>,
         rank: usize,
         arrival: A,
         lead: impl FnOnce(Gathered<A>) -> O,
@@ -228,7 +286,8 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             drop(st);
             let outcome = lead(Gathered { arrivals });
             let mut st = self.lock();
-            st.last = Some((round, outcome.clone()));
+            // SAFETY: under the lock, and every rank arrived for `round`.
+            unsafe { self.published.publish(round, outcome.clone()) };
             st.round += 1;
             st.arrived = 0;
             st.closed = false;
@@ -247,7 +306,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
     /// the report timeout has passed since its first arrival).
     fn wait(
         &self,
-        mut st: MutexGuard<'_, State<A, O>>,
+        mut st: MutexGuard<'_, State<A>>,
         rank: usize,
         round: u64,
         arrived: bool,
@@ -256,10 +315,8 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
         // A completed round's outcome stands even if the run began
         // stopping since: a mismatch the leader found is told to every
         // rank of the round.
-        if let Some((r, outcome)) = &st.last
-            && *r == round
-        {
-            return Poll::Ready(Ok(outcome.clone()));
+        if let Some(outcome) = self.published.read(round) {
+            return Poll::Ready(Ok(outcome));
         }
         if st.aborted {
             return Poll::Ready(Err(Err(Aborted)));
@@ -325,7 +382,7 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
     }
 
     /// What the ranks waiting in the current round called.
-    fn calls(&self, st: &State<A, O>) -> String {
+    fn calls(&self, st: &State<A>) -> String {
         let mut calls: Vec<String> = st.arrivals.iter().flatten().map(A::describe).collect();
         calls.dedup();
         calls.join(", ")
@@ -367,7 +424,7 @@ enum Entered<'g, A, O> {
     /// The round is waiting for other ranks; the lock is still held.
     Waiting {
         round: u64,
-        st: MutexGuard<'g, State<A, O>>,
+        st: MutexGuard<'g, State<A>>,
     },
 }
 
