@@ -21,6 +21,7 @@
 //! it must be polled again even if nobody wakes it (a timeout).
 
 mod idle;
+mod lane;
 mod pool;
 
 use std::cell::Cell;

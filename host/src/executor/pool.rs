@@ -10,22 +10,19 @@
 //! queued, being polled (and whether it was woken meanwhile), or done.
 //!
 //! What one thread writes often and another reads lies on cache lines of
-//! its own ([`CachePadded`]): a task's state, a lane's queue, its "holds
-//! tasks" flag and its poll count. Packed together, an idle thread
-//! watching another's lane, or two threads polling neighbouring tasks,
-//! moved the line between cores at every poll: 16 ranks on 2 cores then
-//! took 19–24 µs a `report` round in some runs and 10–11 µs in others.
+//! its own ([`CachePadded`]): a task's state and waker here, a lane's
+//! queue, flag and poll count (`lane.rs`). Packed together, two threads
+//! polling neighbouring tasks moved a line between cores at every poll.
 
-use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
+use super::lane::{Lane, STEAL_AFTER, Seen, Worker, lock};
 use super::{BRIEF, DEADLINE, IdleWait, TaskFuture, panic_message};
 
 /// Waiting for a wake-up.
@@ -38,137 +35,6 @@ const POLLING: u8 = 2;
 const WOKEN: u8 = 3;
 /// Completed (or panicked).
 const DONE: u8 = 4;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Polls run under `catch_unwind` outside these locks, so a poisoned
-    // lock only means a panic between two plain statements: the data is
-    // still whole.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// How long a lane may hold ready tasks while its thread begins no poll
-/// before another thread that has nothing to do takes them, as that idle
-/// thread sees it (the busy threads never read the clock for this); the
-/// idle thread looks at the lane's poll count once per this period, so a
-/// lane is taken over after one to two periods. A
-/// thread that keeps up begins a poll every microsecond or so (a `report`
-/// takes about one); one that has not for this long is in a long poll (a
-/// guest computing) or set aside by the operating system for other work,
-/// which lasts milliseconds.
-const STEAL_AFTER: Duration = Duration::from_micros(5);
-
-/// The ready tasks of one thread (their home: a task runs on its own
-/// thread while that thread keeps up, so that its fiber and memory stay in
-/// that core's caches).
-struct Lane {
-    /// Ready tasks, in the order they were queued.
-    ready: CachePadded<Mutex<VecDeque<usize>>>,
-    /// Whether `ready` holds tasks, read without the lock by idle threads.
-    /// Written under the lock and only when it changes, so that a thread
-    /// taking its tasks one by one writes nothing the others watch.
-    holds: CachePadded<AtomicBool>,
-    /// Polls the lane's thread has begun; only that thread writes it.
-    polls: CachePadded<AtomicU64>,
-    /// The thread whose lane this is, once it has called `work`.
-    owner: OnceLock<CachePadded<Worker>>,
-}
-
-impl Lane {
-    /// Keep `holds` true to `ready`, which the caller has locked.
-    fn update(&self, ready: &VecDeque<usize>) {
-        let holds = !ready.is_empty();
-        // Every write is made under the lock: this read is the last one.
-        if self.holds.load(Ordering::Relaxed) != holds {
-            self.holds.store(holds, Ordering::SeqCst);
-        }
-    }
-
-    fn holds(&self) -> bool {
-        self.holds.load(Ordering::SeqCst)
-    }
-
-    fn pop(&self) -> Option<usize> {
-        if !self.holds() {
-            return None;
-        }
-        let mut ready = lock(&self.ready);
-        let task = ready.pop_front();
-        self.update(&ready);
-        task
-    }
-
-    /// Whether another thread should take this lane's tasks now: it holds
-    /// some, and its thread began no poll between the caller's last look
-    /// at its poll count (`seen`) and now, at least [`STEAL_AFTER`] later.
-    /// The count is read once per period at most: each read takes the line
-    /// from the core of the thread that writes it at every poll.
-    ///
-    /// A thread found stalled stays so until it begins a poll: one that the
-    /// operating system has set aside does not run for milliseconds, and
-    /// each round meanwhile queues tasks on its lane again, which are then
-    /// taken at once instead of after another period.
-    fn stalled(&self, seen: &mut Option<Seen>, now: Instant) -> bool {
-        if !self.holds() {
-            Seen::forget_unless_stalled(seen);
-            return false;
-        }
-        match seen {
-            Some(s) if !s.stalled && now - s.at < STEAL_AFTER => false,
-            _ => {
-                // A stalled thread writes nothing: reading its count is cheap.
-                let polls = self.polls.load(Ordering::Relaxed);
-                match seen {
-                    Some(s) if s.polls == polls => {
-                        s.stalled = true;
-                        true
-                    }
-                    _ => {
-                        *seen = Some(Seen {
-                            polls,
-                            at: now,
-                            stalled: false,
-                        });
-                        false
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// A lane's poll count as an idle thread last read it, and when; and
-/// whether the lane's thread was found stalled with that count.
-#[derive(Clone, Copy)]
-struct Seen {
-    polls: u64,
-    at: Instant,
-    stalled: bool,
-}
-
-impl Seen {
-    /// The lane is empty: what was seen of a thread that keeps up no
-    /// longer says anything about the next tasks.
-    fn forget_unless_stalled(seen: &mut Option<Seen>) {
-        if seen.is_some_and(|s| !s.stalled) {
-            *seen = None;
-        }
-    }
-}
-
-/// A thread taking part, as the queue wakes it.
-struct Worker {
-    thread: Thread,
-    /// Set by the thread before it parks; taken by whoever wakes it.
-    asleep: AtomicBool,
-}
-
-impl Worker {
-    fn wake(&self) {
-        if self.asleep.swap(false, Ordering::SeqCst) {
-            self.thread.unpark();
-        }
-    }
-}
 
 /// What wakers reach: every task's state and the lanes. `'static`, unlike
 /// the tasks' futures, which may borrow.
@@ -332,14 +198,7 @@ impl<'a, T: Copy> Pool<'a, T> {
     ) -> Self {
         let tasks: Vec<(T, TaskFuture<'a>)> = tasks.into_iter().collect();
         let n = tasks.len();
-        let lanes: Vec<Lane> = (0..threads.max(1))
-            .map(|_| Lane {
-                ready: CachePadded::default(),
-                holds: CachePadded::default(),
-                polls: CachePadded::default(),
-                owner: OnceLock::new(),
-            })
-            .collect();
+        let lanes: Vec<Lane> = (0..threads.max(1)).map(|_| Lane::new()).collect();
         let queue = Arc::new(Queue {
             states: (0..n)
                 .map(|_| CachePadded::new(AtomicU8::new(QUEUED)))
@@ -514,79 +373,6 @@ impl<'a, T: Copy> Pool<'a, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lane(queued: &[usize]) -> Lane {
-        let lane = Lane {
-            ready: CachePadded::default(),
-            holds: CachePadded::default(),
-            polls: CachePadded::default(),
-            owner: OnceLock::new(),
-        };
-        let mut ready = lock(&lane.ready);
-        ready.extend(queued);
-        lane.update(&ready);
-        drop(ready);
-        lane
-    }
-
-    #[test]
-    fn a_lane_is_stalled_after_a_period_without_a_poll_and_stays_so_until_one() {
-        let lane = lane(&[3]);
-        let t0 = Instant::now();
-        let mut seen = None;
-        // First look: the count is noted, nothing is taken.
-        assert!(!lane.stalled(&mut seen, t0));
-        // Within the period the count is not even read again.
-        lane.polls.store(7, Ordering::Relaxed);
-        assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER / 2));
-        // A period later the count has moved: the thread keeps up.
-        assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER));
-        // Another period without a poll: stalled.
-        assert!(lane.stalled(&mut seen, t0 + STEAL_AFTER * 2));
-        // The lane empties and fills again while its thread still begins
-        // no poll: taken at once, not a period later.
-        assert_eq!(lane.pop(), Some(3));
-        assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER * 2));
-        lock(&lane.ready).push_back(4);
-        lane.update(&lock(&lane.ready));
-        assert!(lane.stalled(&mut seen, t0 + STEAL_AFTER * 2));
-        // Its thread polls again: it must stall for a whole period anew.
-        lane.polls.store(8, Ordering::Relaxed);
-        assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER * 2));
-        assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER * 5 / 2));
-        assert!(lane.stalled(&mut seen, t0 + STEAL_AFTER * 3));
-    }
-
-    #[test]
-    fn what_was_seen_of_a_lane_that_keeps_up_is_forgotten_when_it_empties() {
-        // Its thread took every task: the next tasks get a full period,
-        // however long ago the count was last seen to move.
-        let lane = lane(&[1]);
-        let t0 = Instant::now();
-        let mut seen = None;
-        assert!(!lane.stalled(&mut seen, t0));
-        assert_eq!(lane.pop(), Some(1));
-        assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER));
-        assert!(seen.is_none());
-        lock(&lane.ready).push_back(2);
-        lane.update(&lock(&lane.ready));
-        assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER * 10));
-        assert!(lane.stalled(&mut seen, t0 + STEAL_AFTER * 11));
-    }
-
-    #[test]
-    fn holds_follows_the_queue() {
-        let lane = lane(&[]);
-        assert!(!lane.holds());
-        lock(&lane.ready).extend([1, 2]);
-        lane.update(&lock(&lane.ready));
-        assert!(lane.holds());
-        assert_eq!(lane.pop(), Some(1));
-        assert!(lane.holds());
-        assert_eq!(lane.pop(), Some(2));
-        assert!(!lane.holds());
-        assert_eq!(lane.pop(), None);
-    }
 
     #[test]
     fn a_deadline_reads_back_as_set() {
