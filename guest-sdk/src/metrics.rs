@@ -195,17 +195,13 @@ impl<K: Into<String>, V: Into<MetricValue>, const N: usize> From<[(K, V); N]> fo
 /// [`Metrics::insert`].
 impl<K: Into<String>, V: Into<MetricValue>> FromIterator<(K, V)> for Metrics {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let mut values: Vec<(String, MetricValue)> = iter
+        let map: std::collections::BTreeMap<String, MetricValue> = iter
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
-        // Stable: a name's values stay in the order given. Reversed, the
-        // value kept for each name is then its last.
-        values.sort_by(|(a, _), (b, _)| a.cmp(b));
-        values.reverse();
-        values.dedup_by(|(a, _), (b, _)| a == b);
-        values.reverse();
-        Metrics { values }
+        Metrics {
+            values: map.into_iter().collect(),
+        }
     }
 }
 

@@ -37,11 +37,11 @@ pub(super) const STEAL_AFTER: Duration = Duration::from_micros(5);
 /// that core's caches).
 pub(super) struct Lane {
     /// Ready tasks, in the order they were queued.
-    pub(super) ready: CachePadded<Mutex<VecDeque<usize>>>,
+    ready: CachePadded<Mutex<VecDeque<usize>>>,
     /// Whether `ready` holds tasks, read without the lock by idle threads.
     /// Written under the lock and only when it changes, so that a thread
     /// taking its tasks one by one writes nothing the others watch.
-    pub(super) holds: CachePadded<AtomicBool>,
+    holds: CachePadded<AtomicBool>,
     /// Polls the lane's thread has begun; only that thread writes it.
     pub(super) polls: CachePadded<AtomicU64>,
     /// The thread whose lane this is, once it has called `work`.
@@ -58,8 +58,15 @@ impl Lane {
         }
     }
 
+    /// Queue `task`.
+    pub(super) fn push(&self, task: usize) {
+        let mut ready = lock(&self.ready);
+        ready.push_back(task);
+        self.update(&ready);
+    }
+
     /// Keep `holds` true to `ready`, which the caller has locked.
-    pub(super) fn update(&self, ready: &VecDeque<usize>) {
+    fn update(&self, ready: &VecDeque<usize>) {
         let holds = !ready.is_empty();
         // Every write is made under the lock: this read is the last one.
         if self.holds.load(Ordering::Relaxed) != holds {
@@ -160,10 +167,7 @@ mod tests {
 
     fn lane(queued: &[usize]) -> Lane {
         let lane = Lane::new();
-        let mut ready = lock(&lane.ready);
-        ready.extend(queued);
-        lane.update(&ready);
-        drop(ready);
+        queued.iter().for_each(|&t| lane.push(t));
         lane
     }
 
@@ -185,8 +189,7 @@ mod tests {
         // no poll: taken at once, not a period later.
         assert_eq!(lane.pop(), Some(3));
         assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER * 2));
-        lock(&lane.ready).push_back(4);
-        lane.update(&lock(&lane.ready));
+        lane.push(4);
         assert!(lane.stalled(&mut seen, t0 + STEAL_AFTER * 2));
         // Its thread polls again: it must stall for a whole period anew.
         lane.polls.store(8, Ordering::Relaxed);
@@ -206,8 +209,7 @@ mod tests {
         assert_eq!(lane.pop(), Some(1));
         assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER));
         assert!(seen.is_none());
-        lock(&lane.ready).push_back(2);
-        lane.update(&lock(&lane.ready));
+        lane.push(2);
         assert!(!lane.stalled(&mut seen, t0 + STEAL_AFTER * 10));
         assert!(lane.stalled(&mut seen, t0 + STEAL_AFTER * 11));
     }
@@ -216,8 +218,8 @@ mod tests {
     fn holds_follows_the_queue() {
         let lane = lane(&[]);
         assert!(!lane.holds());
-        lock(&lane.ready).extend([1, 2]);
-        lane.update(&lock(&lane.ready));
+        lane.push(1);
+        lane.push(2);
         assert!(lane.holds());
         assert_eq!(lane.pop(), Some(1));
         assert!(lane.holds());

@@ -55,11 +55,7 @@ impl Queue {
     /// call: it looks at its lane when its poll returns.
     fn push(&self, task: usize) {
         let lane = self.home(task);
-        {
-            let mut ready = lock(&lane.ready);
-            ready.push_back(task);
-            lane.update(&ready);
-        }
+        lane.push(task);
         match lane.owner.get() {
             Some(owner) => owner.wake(),
             // Its thread never came (it could not be started): any thread
