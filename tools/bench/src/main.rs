@@ -7,6 +7,7 @@
 //! results file.
 
 mod common;
+mod compare;
 mod goals;
 mod groups;
 mod load;
@@ -50,6 +51,12 @@ struct Args {
     /// program.
     #[arg(long, value_name = "FILE")]
     trainhost: Option<PathBuf>,
+    /// Compare two results files instead of running: which ratios of NEW
+    /// fall outside the range OLD states, and which verdicts changed
+    /// (e.g. --compare BENCHMARKS.md mine.md after a run with --write
+    /// mine.md).
+    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"])]
+    compare: Vec<PathBuf>,
     /// Internal: run N ranks once and print wall time and peak memory.
     #[arg(long, hide = true, value_name = "N")]
     child_ranks: Option<u32>,
@@ -73,6 +80,10 @@ fn main() -> Result<()> {
     }
     if let Some(n) = args.child_ranks {
         return ranks::child_ranks(n, args.child_cache.as_deref());
+    }
+    if let [old, new] = &args.compare[..] {
+        print!("{}", compare::compare(old, new)?);
+        return Ok(());
     }
     let passes = args.passes.unwrap_or(if args.quick { 1 } else { 3 }).max(1);
     let mut rows: Vec<Row> = Vec::new();

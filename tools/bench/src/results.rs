@@ -33,6 +33,77 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
     out
 }
 
+/// A row as a results file states it: what [`markdown`] wrote, read back
+/// to compare runs (`--compare`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Stated {
+    pub group: String,
+    pub measure: String,
+    pub baseline: String,
+    /// The medians' ratio.
+    pub ratio: f64,
+    /// The lowest and highest ratio of single repetitions, if more than
+    /// one.
+    pub range: Option<(f64, f64)>,
+    /// The ratio column as written.
+    pub ratio_text: String,
+    /// The met column as written.
+    pub met: String,
+}
+
+impl Stated {
+    /// Whether both state the same measure against the same baseline.
+    pub(crate) fn same_line(&self, other: &Stated) -> bool {
+        self.group == other.group
+            && self.measure == other.measure
+            && self.baseline == other.baseline
+    }
+}
+
+/// The rows of the first results table in `text` (a file written by
+/// `--write`); lines that do not parse as a row are skipped.
+pub(crate) fn parse_table(text: &str) -> Vec<Stated> {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("| group | measure |"));
+    // The header, then its alignment line.
+    lines.next();
+    lines.next();
+    lines
+        .take_while(|l| l.starts_with("| "))
+        .filter_map(parse_row)
+        .collect()
+}
+
+fn parse_row(line: &str) -> Option<Stated> {
+    let cells: Vec<&str> = line
+        .trim()
+        .strip_prefix('|')?
+        .strip_suffix('|')?
+        .split('|')
+        .map(str::trim)
+        .collect();
+    let [group, measure, baseline, _, _, ratio_text, _, met] = cells[..] else {
+        return None;
+    };
+    let (ratio, range) = match ratio_text.split_once(" (") {
+        Some((ratio, range)) => {
+            let (lo, hi) = range.strip_suffix(')')?.split_once('–')?;
+            (ratio, Some((lo.parse().ok()?, hi.parse().ok()?)))
+        }
+        None => (ratio_text, None),
+    };
+    Some(Stated {
+        group: group.to_owned(),
+        measure: measure.to_owned(),
+        baseline: baseline.to_owned(),
+        ratio: ratio.parse().ok()?,
+        range,
+        ratio_text: ratio_text.to_owned(),
+        met: met.to_owned(),
+    })
+}
+
 /// Decimals for a ratio and its range: at least three, and at least two
 /// significant digits, so that a small ratio's range is not rounded to
 /// figures that leave the ratio outside it.
@@ -185,6 +256,34 @@ mod tests {
         assert_eq!(row.met_in(), Some((2, 3)));
         let another = Paired::default().row("g", "m".into(), "other".into(), "goal".into(), goal);
         assert!(!row.same_line(&another));
+    }
+
+    #[test]
+    fn a_written_table_reads_back() {
+        let mut pairs = Paired::default();
+        for (b, o) in [(100.0, 112.0), (100.0, 190.0), (100.0, 115.0)] {
+            pairs.push(b, o);
+        }
+        let row = pairs.row("g", "m `x`".into(), "b".into(), "goal".into(), |b, o| {
+            Some(o <= 1.2 * b)
+        });
+        let mut single = Paired::default();
+        single.push(100.0, 50.0);
+        let other = single.row("g", "n".into(), "b".into(), "goal".into(), |_, _| None);
+        let text = format!(
+            "# Title\n\n{}\nA line after.\n| not | a row |\n",
+            markdown(&[row, other])
+        );
+        let stated = parse_table(&text);
+        assert_eq!(stated.len(), 2, "{stated:?}");
+        assert_eq!(stated[0].measure, "m `x`");
+        assert_eq!(stated[0].ratio, 1.15);
+        assert_eq!(stated[0].range, Some((1.12, 1.9)));
+        assert_eq!(stated[0].ratio_text, "1.150 (1.120–1.900)");
+        assert_eq!(stated[0].met, "yes, not in 1 of 3 repetitions");
+        assert_eq!(stated[1].range, None);
+        assert_eq!(stated[1].met, "");
+        assert!(!stated[0].same_line(&stated[1]));
     }
 
     #[test]
