@@ -85,6 +85,31 @@ impl Buffer {
         Self::with(pool, permit)
     }
 
+    /// Wait for `n` buffers at once (1 ≤ `n` ≤ the pool's size), for one
+    /// request of up to `n` × [`PART_SIZE`] bytes. Taken together, not
+    /// one by one: two requests each holding some of the buffers the
+    /// other waits for would wait forever. The caller must hold no other
+    /// buffer while it waits.
+    pub async fn take_many(n: usize) -> Vec<Self> {
+        Self::take_many_from(pool(), n).await
+    }
+
+    async fn take_many_from(pool: &'static Pool, n: usize) -> Vec<Self> {
+        let n = n.clamp(1, pool.size);
+        let mut permits = Arc::clone(&pool.permits)
+            .acquire_many_owned(n as u32)
+            .await
+            .expect("the pool's semaphore is never closed");
+        let mut buffers: Vec<Self> = (1..n)
+            .map(|_| {
+                let one = permits.split(1).expect("n permits were acquired");
+                Self::with(pool, one)
+            })
+            .collect();
+        buffers.push(Self::with(pool, permits));
+        buffers
+    }
+
     /// A buffer if one is free now.
     pub fn try_take() -> Option<Self> {
         Self::try_take_from(pool())
@@ -193,5 +218,42 @@ mod tests {
             again.bytes().as_ptr() == address || idle.contains(&address),
             "the lent buffer came back to the pool"
         );
+    }
+
+    #[test]
+    fn buffers_for_one_request_are_taken_together() {
+        use futures::FutureExt;
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(3)));
+        let two = Buffer::take_many_from(pool, 2)
+            .now_or_never()
+            .expect("three free");
+        assert_eq!(two.len(), 2);
+        let one = Buffer::try_take_from(pool).expect("one left");
+        assert!(Buffer::try_take_from(pool).is_none());
+        // Two more wait for two free at once, not for one and then one.
+        let mut waiting = Box::pin(Buffer::take_many_from(pool, 2));
+        let cx = &mut std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(waiting.as_mut().poll(cx).is_pending());
+        drop(one);
+        assert!(
+            waiting.as_mut().poll(cx).is_pending(),
+            "one is free, not two"
+        );
+        // Each buffer's share goes back on its own, once its request is
+        // done.
+        let mut two = two.into_iter();
+        let (_bytes, in_flight) = two.next().unwrap().lend();
+        drop(in_flight);
+        let std::task::Poll::Ready(got) = waiting.as_mut().poll(cx) else {
+            panic!("two are free");
+        };
+        assert_eq!(got.len(), 2);
+        // More than the pool holds is capped at the pool, never a wait on
+        // itself.
+        drop((got, two));
+        let all = Buffer::take_many_from(pool, 10)
+            .now_or_never()
+            .expect("the whole pool is free");
+        assert_eq!(all.len(), 3);
     }
 }

@@ -15,12 +15,13 @@ use trainhost::{
 use crate::servers::{self, Backend, Proxy};
 use crate::util::*;
 
-const BIG: usize = 20_000_000;
+/// Larger than one request (32 MiB): goes up as a concurrent multipart
+/// upload.
+const BIG: usize = 40_000_000;
 
 fn script() -> serde_json::Value {
     json!([
         {"print_checkpoint": true},
-        // Larger than one part: goes up as a concurrent multipart upload.
         {"write": "ckpt/big.bin", "bytes": BIG, "seed": 9, "ranks": [0]},
         {"write": "ckpt/shard-{rank}", "text": "rank {rank}"},
         {"report": {"loss": 1}, "checkpoint": "ckpt"},

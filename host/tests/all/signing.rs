@@ -1,7 +1,8 @@
 //! S3 request signing as it reaches the server: every request's signed
 //! payload digest is the SHA-256 of the body actually sent, for files sent
-//! in one request (signed with the digest the manifest records) and for
-//! multipart uploads' parts alike. Read from the bytes the host sent
+//! in one request (signed with the digest the manifest records, whether
+//! the body is one buffer or several) and for multipart uploads' parts
+//! alike. Read from the bytes the host sent
 //! through a recording proxy to moto, which does not check them itself.
 
 use serde_json::json;
@@ -11,10 +12,12 @@ use trainhost::{RunConfig, Trainer};
 use crate::servers::{self, Proxy};
 use crate::util::*;
 
-/// Sent in one request (up to one part's size).
+/// Sent in one request of one buffer (up to one part's size, 8 MiB).
 const ONE_REQUEST: usize = 5_000_000;
-/// Larger than one part: a multipart upload.
-const MULTIPART: usize = 20_000_000;
+/// Sent in one request read into three buffers (up to 32 MiB).
+const BUFFERS: usize = 20_000_000;
+/// Larger than one request: a multipart upload.
+const MULTIPART: usize = 40_000_000;
 
 /// One HTTP/1.1 request: its request line, headers (names in lower case)
 /// and body.
@@ -79,6 +82,7 @@ fn every_signed_payload_digest_is_the_sha256_of_the_bytes_sent() {
     let steps = json!([
         {"write": "ck/small", "text": "a few bytes"},
         {"write": "ck/one-request.bin", "bytes": ONE_REQUEST, "seed": 1},
+        {"write": "ck/buffers.bin", "bytes": BUFFERS, "seed": 3},
         {"write": "ck/multipart.bin", "bytes": MULTIPART, "seed": 2},
         {"report": {"epoch": 0}, "checkpoint": "ck"},
     ]);
@@ -121,6 +125,11 @@ fn every_signed_payload_digest_is_the_sha256_of_the_bytes_sent() {
         puts(&|r| r.body.len() == ONE_REQUEST && !r.line.contains("partNumber=")),
         1,
         "the {ONE_REQUEST}-byte file goes up in one request"
+    );
+    assert_eq!(
+        puts(&|r| r.body.len() == BUFFERS && !r.line.contains("partNumber=")),
+        1,
+        "the {BUFFERS}-byte file goes up in one request"
     );
     assert_eq!(
         puts(&|r| r.line.contains("partNumber=")),
