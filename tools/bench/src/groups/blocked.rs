@@ -17,6 +17,8 @@ use crate::goals;
 /// for repetition `i` (its storage kept alive by the returned guard).
 pub(crate) struct Target<'a> {
     pub name: &'a str,
+    /// How the store shares a file unchanged since the previous checkpoint.
+    pub shares: &'a str,
     pub run: &'a dyn Fn(usize) -> Result<(RunConfig, Box<dyn std::any::Any>)>,
 }
 
@@ -28,6 +30,7 @@ pub(crate) fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
     };
     let target = Target {
         name: "local storage",
+        shares: "linked",
         run: &local,
     };
     let mut rows = Vec::new();
@@ -185,7 +188,10 @@ pub(crate) fn measure(target: &Target<'_>, total: u64, reps: usize) -> Result<Ve
         ),
         row(
             &unchanged,
-            format!("persist an unchanged {name} checkpoint (incremental: linked), {on}"),
+            format!(
+                "persist an unchanged {name} checkpoint (incremental: {}), {on}",
+                target.shares
+            ),
             "persisting it new (--wait-for-upload)",
             &goals::comparison("every file is still read and hashed"),
             false,

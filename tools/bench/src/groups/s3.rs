@@ -86,6 +86,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
     };
     let target = Target {
         name: "S3",
+        shares: "files of 1 MiB or more copied by the server, smaller ones sent again",
         run: &s3_run,
     };
     let blocked_rows = measure(&target, 64 << 20, reps)?;
