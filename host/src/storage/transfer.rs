@@ -97,7 +97,7 @@ impl Storage {
         let mut hasher = FileDigest::new(known_sha256);
         if size <= (SINGLE_REQUEST_BUFFERS * PART_SIZE) as u64 {
             let buffers = Buffer::take_many(size.div_ceil(PART_SIZE as u64).max(1) as usize).await;
-            let (buffers, read) = read_whole(relative, &file, buffers, size).await?;
+            let (buffers, read) = read_into(relative, &file, buffers, Some(size)).await?;
             check_size(relative, size, read)?;
             buffers.iter().for_each(|b| hasher.update(b.as_ref()));
             let sha256 = hasher.current().unwrap_or_else(|| {
@@ -203,7 +203,7 @@ impl Storage {
                     None => break Buffer::take().await,
                 }
             };
-            let part = read_part(relative, file, buffer, PART_SIZE as u64).await?;
+            let part = read_part(relative, file, buffer).await?;
             let len = part.as_ref().len() as u64;
             if len == 0 {
                 break;
@@ -309,17 +309,18 @@ impl Storage {
     }
 }
 
-/// Read up to `limit` bytes of `file`, from where the last read ended, into
-/// `buffer` on the blocking pool: one copy, from the page cache into memory
-/// the pool keeps mapped.
-/// Read `file`, of `size` bytes, into `buffers` (enough for `size`), a
-/// buffer's worth each in turn; returns the buffers holding bytes and how
-/// many bytes the file had, counting one past `size` if it grew.
-async fn read_whole(
+/// Read `file`, from where the last read ended, into `buffers`, a
+/// buffer's worth each in turn until one is not filled, on the blocking
+/// pool: one copy, from the page cache into memory the pool keeps mapped.
+/// Returns the buffers holding bytes (always the first, so that an empty
+/// file is one empty body) and how many bytes were read. With `listed`
+/// the file should have that many bytes from here: once as many are read,
+/// one more byte is read, so that a file that grew reads as longer.
+async fn read_into(
     relative: &str,
     file: &Arc<std::fs::File>,
     buffers: Vec<Buffer>,
-    size: u64,
+    listed: Option<u64>,
 ) -> Result<(Vec<Buffer>, u64), Error> {
     let file = Arc::clone(file);
     let shown = relative.to_owned();
@@ -338,7 +339,6 @@ async fn read_whole(
                 .read_to_end(buffer.bytes())
                 .map_err(failed)?;
             read += n as u64;
-            // An empty file is sent as one empty body, as before.
             if n > 0 || filled.is_empty() {
                 filled.push(buffer);
             }
@@ -346,8 +346,7 @@ async fn read_whole(
                 break;
             }
         }
-        // One more byte than listed, to see whether the file grew.
-        if read >= size {
+        if listed.is_some_and(|size| read >= size) {
             read += (&*file).read(&mut [0u8; 1]).map_err(failed)? as u64;
         }
         Ok((filled, read))
@@ -355,27 +354,14 @@ async fn read_whole(
     .await
 }
 
+/// The next part of `file` (a buffer's worth at most, empty at its end).
 async fn read_part(
     relative: &str,
     file: &Arc<std::fs::File>,
-    mut buffer: Buffer,
-    limit: u64,
+    buffer: Buffer,
 ) -> Result<Buffer, Error> {
-    let file = Arc::clone(file);
-    let shown = relative.to_owned();
-    blocking(relative, "read a checkpoint file", move || {
-        use std::io::Read;
-        (&*file)
-            .take(limit)
-            .read_to_end(buffer.bytes())
-            .map_err(|source| Error::Io {
-                path: shown.into(),
-                operation: "read a checkpoint file",
-                source,
-            })?;
-        Ok(buffer)
-    })
-    .await
+    let (mut filled, _) = read_into(relative, file, vec![buffer], None).await?;
+    Ok(filled.pop().expect("the first buffer is always returned"))
 }
 
 /// Run `work` on the blocking pool. A task that did not finish (it
