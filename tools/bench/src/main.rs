@@ -142,23 +142,27 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
     // Once per pass: the passes' samples make the repetitions.
     let reps = 1;
     let mut rows = Vec::new();
-    if want(args, "report") {
+    timed(args, "report", || {
         rows.extend(report::report(args.quick, reps)?);
-    }
-    if want(args, "persist") {
+        Ok(())
+    })?;
+    timed(args, "persist", || {
         rows.extend(persist::persist_local(args.quick, reps)?);
-    }
-    if want(args, "blocked") {
+        Ok(())
+    })?;
+    timed(args, "blocked", || {
         rows.extend(blocked::blocked(args.quick, reps)?);
-    }
-    if want(args, "restart") {
+        Ok(())
+    })?;
+    timed(args, "restart", || {
         rows.extend(restart::restart(reps, cache)?);
-    }
+        Ok(())
+    })?;
     let bin = match &args.trainhost {
         Some(b) => b.clone(),
         None => std::env::current_exe()?.with_file_name("trainhost"),
     };
-    if want(args, "cli") {
+    timed(args, "cli", || {
         if bin.exists() {
             rows.extend(cli::cli(&bin, 2)?);
         } else {
@@ -167,17 +171,21 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
                 bin.display()
             ));
         }
-    }
-    if want(args, "sgd") {
+        Ok(())
+    })?;
+    timed(args, "sgd", || {
         rows.extend(sgd::sgd(args.quick, reps)?);
-    }
-    if want(args, "burn") {
+        Ok(())
+    })?;
+    timed(args, "burn", || {
         rows.extend(burn::burn(args.quick, reps)?);
-    }
-    if want(args, "tensors") {
+        Ok(())
+    })?;
+    timed(args, "tensors", || {
         rows.extend(tensors::tensors(args.quick, reps)?);
-    }
-    if want(args, "python") {
+        Ok(())
+    })?;
+    timed(args, "python", || {
         if !bin.exists() {
             skipped.push(format!(
                 "python: no trainhost binary at {} (build it with `cargo build --release -p trainhost`)",
@@ -189,17 +197,20 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
                 Err(e) => skipped.push(format!("python: {e:#}")),
             }
         }
-    }
-    if want(args, "s3") {
+        Ok(())
+    })?;
+    timed(args, "s3", || {
         match s3::s3(args.quick, reps) {
             Ok(r) => rows.extend(r),
             Err(e) => skipped.push(format!("s3: {e:#}")),
         }
-    }
-    if want(args, "collective") {
+        Ok(())
+    })?;
+    timed(args, "collective", || {
         rows.extend(collective::collective(args.quick, reps)?);
-    }
-    if want(args, "nodes") {
+        Ok(())
+    })?;
+    timed(args, "nodes", || {
         let baseline = std::env::current_exe()?.with_file_name("mpi-allreduce");
         if baseline.exists() && bin.exists() {
             let programs = nodes::Programs {
@@ -216,9 +227,23 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
                 bin.display()
             ));
         }
-    }
-    if want(args, "ranks") {
+        Ok(())
+    })?;
+    timed(args, "ranks", || {
         rows.extend(ranks::ranks(args.quick, cache)?);
-    }
+        Ok(())
+    })?;
     Ok(rows)
+}
+
+/// Run `group` if `--only` lets it, and say how long it took: a pass takes
+/// minutes.
+fn timed(args: &Args, group: &str, run: impl FnOnce() -> Result<()>) -> Result<()> {
+    if !want(args, group) {
+        return Ok(());
+    }
+    let started = Instant::now();
+    run()?;
+    eprintln!("  {group}: {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
 }
