@@ -164,7 +164,7 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
     };
     timed(args, "cli", || {
         if bin.exists() {
-            rows.extend(cli::cli(&bin, 2)?);
+            rows.extend(cli::cli(&bin, reps)?);
         } else {
             skipped.push(format!(
                 "cli: no trainhost binary at {} (build it with `cargo build --release -p trainhost`)",

@@ -117,6 +117,9 @@ pub(crate) fn nodes(programs: &Programs, quick: bool, reps: usize) -> Result<Vec
     let storage = tempfile::tempdir()?;
     let mut rows = Vec::new();
     let mut report = Paired::default();
+    // Two samples a pass (a pass of this group takes about a minute): a
+    // range of six holds a re-run's median nine times in ten.
+    let reps = if quick { reps } else { reps * 2 };
     for per_node in [1u32, 2] {
         for (bytes, name) in SIZES {
             let floats = bytes / 4;

@@ -46,57 +46,67 @@ pub(crate) fn ranks(quick: bool, cache: &Path) -> Result<Vec<Row>> {
     } else {
         &[1, 2, 4, 8, 16, 32, 64]
     };
-    let mut measured = Vec::new();
-    for &n in counts {
-        let out = Command::new(std::env::current_exe()?)
-            .arg("--child-ranks")
-            .arg(n.to_string())
-            .arg("--child-cache")
-            .arg(cache)
-            .output()?;
-        if !out.status.success() {
-            bail!("{n} ranks failed: {}", String::from_utf8_lossy(&out.stderr));
+    // Three samples a pass: all the counts take under a second.
+    let samples = if quick { 1 } else { 3 };
+    let extras = counts.len() - 1;
+    let mut walls: Vec<Paired> = (0..extras).map(|_| Paired::default()).collect();
+    let mut peaks: Vec<Paired> = (0..extras).map(|_| Paired::default()).collect();
+    for _ in 0..samples {
+        let measured = counts
+            .iter()
+            .map(|&n| child(n, cache))
+            .collect::<Result<Vec<_>>>()?;
+        let (wall1, rss1) = measured[0];
+        for (i, &(wall, rss)) in measured[1..].iter().enumerate() {
+            walls[i].push(wall1, wall);
+            peaks[i].push(rss1, rss);
         }
-        let text = String::from_utf8(out.stdout)?;
-        let mut parts = text.split_whitespace().map(str::parse::<f64>);
-        let (Some(Ok(wall)), Some(Ok(rss))) = (parts.next(), parts.next()) else {
-            bail!("unexpected output from the child: {text}");
-        };
-        measured.push((n, wall, rss));
     }
-    let (_, wall1, rss1) = measured[0];
     let mut rows = Vec::new();
-    for &(n, wall, rss) in &measured[1..] {
+    for ((&n, wall), rss) in counts[1..].iter().zip(walls).zip(peaks) {
         let extra = f64::from(n - 1);
-        let pair = |baseline, ours| {
-            let mut pairs = Paired::default();
-            pairs.push(baseline, ours);
-            pairs
-        };
         rows.push(
-            pair(wall1, wall)
-                .row(
-                    "ranks",
-                    format!("{n} ranks: start, one report, end (whole fit)"),
-                    "1 rank".into(),
-                    "informational".into(),
-                    |_, _| None,
-                )
-                .with_detail(move |b, o| format!("{:.2} ms per extra rank", (o - b) / 1e6 / extra)),
+            wall.row(
+                "ranks",
+                format!("{n} ranks: start, one report, end (whole fit)"),
+                "1 rank".into(),
+                "informational".into(),
+                |_, _| None,
+            )
+            .with_detail(move |b, o| format!("{:.2} ms per extra rank", (o - b) / 1e6 / extra)),
         );
         let per_rank_mib = move |b: f64, o: f64| (o - b) / (1024.0 * 1024.0) / extra;
         rows.push(
-            pair(rss1, rss)
-                .row(
-                    "ranks",
-                    format!("{n} ranks: peak host memory"),
-                    "1 rank".into(),
-                    format!("≤ {} MiB per rank", goals::RANK_MIB),
-                    move |b, o| Some(per_rank_mib(b, o) <= goals::RANK_MIB),
-                )
-                .in_unit(Unit::Bytes)
-                .with_detail(move |b, o| format!("{:.2} MiB per extra rank", per_rank_mib(b, o))),
+            rss.row(
+                "ranks",
+                format!("{n} ranks: peak host memory"),
+                "1 rank".into(),
+                format!("≤ {} MiB per rank", goals::RANK_MIB),
+                move |b, o| Some(per_rank_mib(b, o) <= goals::RANK_MIB),
+            )
+            .in_unit(Unit::Bytes)
+            .with_detail(move |b, o| format!("{:.2} MiB per extra rank", per_rank_mib(b, o))),
         );
     }
     Ok(rows)
+}
+
+/// The wall time (ns) and peak memory (bytes) of a process running `n`
+/// ranks through start, one report and end.
+fn child(n: u32, cache: &Path) -> Result<(f64, f64)> {
+    let out = Command::new(std::env::current_exe()?)
+        .arg("--child-ranks")
+        .arg(n.to_string())
+        .arg("--child-cache")
+        .arg(cache)
+        .output()?;
+    if !out.status.success() {
+        bail!("{n} ranks failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let mut parts = text.split_whitespace().map(str::parse::<f64>);
+    let (Some(Ok(wall)), Some(Ok(rss))) = (parts.next(), parts.next()) else {
+        bail!("unexpected output from the child: {text}");
+    };
+    Ok((wall, rss))
 }
