@@ -186,6 +186,7 @@ async fn persist_file(
 mod tests {
     use super::*;
     use crate::config::{Location, StorageOptions};
+    use crate::persist::{capture, merge};
 
     /// Persist the files of `dir` below `dest`, sharing with `previous`.
     fn persist_dir(
@@ -195,8 +196,7 @@ mod tests {
         previous: Option<Arc<Previous>>,
     ) -> (Vec<FileEntry>, PersistStats) {
         let handle = cap_std::fs::Dir::open_ambient_dir(dir, cap_std::ambient_authority()).unwrap();
-        let plan =
-            super::super::merge(vec![super::super::capture(0, handle, "ck").unwrap()]).unwrap();
+        let plan = merge(vec![capture(0, handle, "ck").unwrap()]).unwrap();
         rt.block_on(persist(dest, &plan, previous)).unwrap()
     }
 
