@@ -22,7 +22,7 @@ pub(crate) fn burn(quick: bool, reps: usize) -> Result<Vec<Row>> {
     let (train_set, _) = digits_burn::load(0, 200).map_err(anyhow::Error::msg)?;
     let storage = tempfile::tempdir()?;
     let mut rows = Vec::new();
-    // Three samples a pass (about 10 s each pass), as `sgd`.
+    // Three samples a pass, as `sgd` (about 10 s a sample of both shapes).
     let reps = if quick { reps } else { reps * 3 };
     for (hidden, batch, what) in SHAPES {
         // About 1 s of native work per sample.

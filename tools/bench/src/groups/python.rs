@@ -26,7 +26,7 @@ pub(crate) fn python(bin: &Path, quick: bool, reps: usize) -> Result<Vec<Row>> {
     let guest = guest
         .to_str()
         .context("a temporary path that is not UTF-8")?;
-    // Three samples a pass (about 20 s each pass), as `sgd`.
+    // Three samples a pass, as `sgd` (about 17 s a sample of every row).
     let reps = if quick { reps } else { reps * 3 };
     let mut rows = steps(guest, quick, reps)?;
     rows.extend(start(bin, guest, work.path(), reps)?);

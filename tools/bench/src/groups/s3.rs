@@ -60,7 +60,7 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
     ] {
         unsafe { std::env::set_var(k, v) };
     }
-    // Three samples a pass (about 35 s each pass), as `sgd`.
+    // Three samples a pass, as `sgd` (about 30 s a sample of every row).
     let reps = if quick { reps } else { reps * 3 };
     let uploader = Uploader::start(&aws, bucket, false)?;
     let options = &uploader.options;
