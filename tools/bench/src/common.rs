@@ -361,3 +361,36 @@ pub(crate) fn checkpoint_sizes(quick: bool) -> &'static [u64] {
         &[64 << 20, 1 << 30]
     }
 }
+
+/// How a row is sampled: the one place that says how many samples of a
+/// measure each pass of the suite takes (the header states the counts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sampling {
+    /// Three a pass, nine in a default run: a median of nine falls outside
+    /// another run's range of nine about three times in a hundred.
+    Standard,
+    /// Two a pass: each sample starts `mpiexec` and its processes twice.
+    Processes,
+    /// One a pass: each sample writes a gigabyte and takes seconds.
+    Gigabyte,
+}
+
+impl Sampling {
+    /// A checkpoint of `total` bytes: gigabyte rows take one sample a pass.
+    pub(crate) fn of_checkpoint(total: u64) -> Self {
+        if total <= 64 << 20 {
+            Sampling::Standard
+        } else {
+            Sampling::Gigabyte
+        }
+    }
+
+    /// How many samples one pass takes; `--quick` takes one of everything.
+    pub(crate) fn per_pass(self, quick: bool) -> usize {
+        match (quick, self) {
+            (true, _) | (false, Sampling::Gigabyte) => 1,
+            (false, Sampling::Processes) => 2,
+            (false, Sampling::Standard) => 3,
+        }
+    }
+}

@@ -105,9 +105,9 @@ fn report(earlier: &[Stated], later: &[Stated], earlier_path: &Path, later_path:
         }
     ));
     out.push_str(
-        "A median of three samples falls outside the range of three others of the same \
-         distribution four times in ten, a median of nine outside nine about three times in a \
-         hundred: see BENCHMARKS.md's header.\n",
+        "By sampling alone, a median of nine samples falls outside the range of nine others of \
+         the same distribution about three times in a hundred, of six about one time in ten, of \
+         three four times in ten: see BENCHMARKS.md's header.\n",
     );
     for (by, e, l) in &outside {
         out.push_str(&format!(

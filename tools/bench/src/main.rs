@@ -136,26 +136,25 @@ fn want(args: &Args, group: &str) -> bool {
     args.only.is_empty() || args.only.iter().any(|o| group.contains(o))
 }
 
-/// One pass over the groups `--only` names, each measure repeated once
-/// (some more); a group that cannot run here is named in `skipped`.
+/// One pass over the groups `--only` names, each measure sampled as its
+/// [`Sampling`](common::Sampling) says; a group that cannot run here is
+/// named in `skipped`.
 fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<Row>> {
-    // Once per pass: the passes' samples make the repetitions.
-    let reps = 1;
     let mut rows = Vec::new();
     timed(args, "report", || {
-        rows.extend(report::report(args.quick, reps)?);
+        rows.extend(report::report(args.quick)?);
         Ok(())
     })?;
     timed(args, "persist", || {
-        rows.extend(persist::persist_local(args.quick, reps)?);
+        rows.extend(persist::persist_local(args.quick)?);
         Ok(())
     })?;
     timed(args, "blocked", || {
-        rows.extend(blocked::blocked(args.quick, reps)?);
+        rows.extend(blocked::blocked(args.quick)?);
         Ok(())
     })?;
     timed(args, "restart", || {
-        rows.extend(restart::restart(reps, cache)?);
+        rows.extend(restart::restart(args.quick, cache)?);
         Ok(())
     })?;
     let bin = match &args.trainhost {
@@ -164,7 +163,7 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
     };
     timed(args, "cli", || {
         if bin.exists() {
-            rows.extend(cli::cli(&bin, reps)?);
+            rows.extend(cli::cli(&bin, args.quick)?);
         } else {
             skipped.push(format!(
                 "cli: no trainhost binary at {} (build it with `cargo build --release -p trainhost`)",
@@ -174,15 +173,15 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
         Ok(())
     })?;
     timed(args, "sgd", || {
-        rows.extend(sgd::sgd(args.quick, reps)?);
+        rows.extend(sgd::sgd(args.quick)?);
         Ok(())
     })?;
     timed(args, "burn", || {
-        rows.extend(burn::burn(args.quick, reps)?);
+        rows.extend(burn::burn(args.quick)?);
         Ok(())
     })?;
     timed(args, "tensors", || {
-        rows.extend(tensors::tensors(args.quick, reps)?);
+        rows.extend(tensors::tensors(args.quick)?);
         Ok(())
     })?;
     timed(args, "python", || {
@@ -192,7 +191,7 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
                 bin.display()
             ));
         } else {
-            match python::python(&bin, args.quick, reps) {
+            match python::python(&bin, args.quick) {
                 Ok(r) => rows.extend(r),
                 Err(e) => skipped.push(format!("python: {e:#}")),
             }
@@ -200,14 +199,14 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
         Ok(())
     })?;
     timed(args, "s3", || {
-        match s3::s3(args.quick, reps) {
+        match s3::s3(args.quick) {
             Ok(r) => rows.extend(r),
             Err(e) => skipped.push(format!("s3: {e:#}")),
         }
         Ok(())
     })?;
     timed(args, "collective", || {
-        rows.extend(collective::collective(args.quick, reps)?);
+        rows.extend(collective::collective(args.quick)?);
         Ok(())
     })?;
     timed(args, "nodes", || {
@@ -217,7 +216,7 @@ fn run_pass(args: &Args, cache: &Path, skipped: &mut Vec<String>) -> Result<Vec<
                 trainhost: &bin,
                 baseline: &baseline,
             };
-            match nodes::nodes(&programs, args.quick, reps) {
+            match nodes::nodes(&programs, args.quick) {
                 Ok(r) => rows.extend(r),
                 Err(e) => skipped.push(format!("nodes: {e:#}")),
             }

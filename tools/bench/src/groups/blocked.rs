@@ -9,7 +9,8 @@ use serde_json::json;
 use trainhost::{CheckpointConfig, RunConfig};
 
 use crate::common::{
-    Paired, Row, checkpoint_sizes, describe, layout, local_run, metric, run_guest, size_name, sync,
+    Paired, Row, Sampling, checkpoint_sizes, describe, layout, local_run, metric, run_guest,
+    size_name, sync,
 };
 use crate::goals;
 
@@ -23,7 +24,7 @@ pub(crate) struct Target<'a> {
 }
 
 /// The blocked time on local storage, for every checkpoint size.
-pub(crate) fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn blocked(quick: bool) -> Result<Vec<Row>> {
     let local = |_: usize| -> Result<(RunConfig, Box<dyn std::any::Any>)> {
         let storage = tempfile::tempdir()?;
         Ok((local_run(storage.path()), Box::new(storage)))
@@ -35,12 +36,7 @@ pub(crate) fn blocked(quick: bool, reps: usize) -> Result<Vec<Row>> {
     };
     let mut rows = Vec::new();
     for &total in checkpoint_sizes(quick) {
-        // Small checkpoints are at the mercy of the disk's state: more samples.
-        let reps = if total <= 64 << 20 {
-            reps * 2 + 1
-        } else {
-            reps
-        };
+        let reps = Sampling::of_checkpoint(total).per_pass(quick);
         rows.extend(measure(&target, total, reps)?);
     }
     Ok(rows)

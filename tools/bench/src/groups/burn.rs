@@ -8,7 +8,7 @@ use serde_json::json;
 use trainhost::{Interruption, MetricValue, RunConfig, ScalingConfig, Trainer};
 use trainhost_test_artifacts::DIGITS_BURN;
 
-use crate::common::{Lines, Paired, Row, local_run};
+use crate::common::{Lines, Paired, Row, Sampling, local_run};
 use crate::goals;
 
 /// The example's own model and batch, and a larger one where the matrix
@@ -18,12 +18,12 @@ const SHAPES: [(usize, usize, &str); 2] = [
     (512, 512, "a larger step: MLP 64→512→10, batch 512"),
 ];
 
-pub(crate) fn burn(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn burn(quick: bool) -> Result<Vec<Row>> {
     let (train_set, _) = digits_burn::load(0, 200).map_err(anyhow::Error::msg)?;
     let storage = tempfile::tempdir()?;
     let mut rows = Vec::new();
-    // Three samples a pass, as `sgd` (about 10 s a sample of both shapes).
-    let reps = if quick { reps } else { reps * 3 };
+    // About 10 s a sample of both shapes.
+    let reps = Sampling::Standard.per_pass(quick);
     for (hidden, batch, what) in SHAPES {
         // About 1 s of native work per sample.
         let steps = match (quick, hidden) {

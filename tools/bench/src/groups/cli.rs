@@ -6,10 +6,10 @@ use std::process::Command;
 use anyhow::Result;
 use trainhost_test_artifacts::LINEAR_REGRESSION;
 
-use crate::common::{Paired, Row, time_command};
+use crate::common::{Paired, Row, Sampling, time_command};
 use crate::goals;
 
-pub(crate) fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn cli(bin: &Path, quick: bool) -> Result<Vec<Row>> {
     let work = tempfile::tempdir()?;
     let cache = work.path().join("cache");
     let run = |cache: &Path| -> Result<f64> {
@@ -35,7 +35,7 @@ pub(crate) fn cli(bin: &Path, reps: usize) -> Result<Vec<Row>> {
     };
     let mut pairs = Paired::default();
     // A pair of runs takes well under a second: three a pass.
-    for _ in 0..reps * 3 {
+    for _ in 0..Sampling::Standard.per_pass(quick) {
         let _ = std::fs::remove_dir_all(&cache);
         let cold = run(&cache)?;
         pairs.push(cold, run(&cache)?);

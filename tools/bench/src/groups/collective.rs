@@ -10,15 +10,16 @@ use serde_json::{Value, json};
 use trainhost::{MetricValue, ScalingConfig, Trainer};
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::common::{Lines, Paired, Row, local_run, median, metric, run_guest};
+use crate::common::{Lines, Paired, Row, Sampling, local_run, median, metric, run_guest};
 use crate::goals;
 
 const SIZES: [(usize, &str); 3] = [(4 << 10, "4 KiB"), (1 << 20, "1 MiB"), (64 << 20, "64 MiB")];
 
-pub(crate) fn collective(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn collective(quick: bool) -> Result<Vec<Row>> {
     // A pass of the group takes a few seconds, and the digits example's
-    // scaling lies within a few percent of its goal: three samples a pass.
-    let reps = reps * 3;
+    // scaling lies within a few percent of its goal: as many samples as
+    // any row.
+    let reps = Sampling::Standard.per_pass(quick);
     let storage = tempfile::tempdir()?;
     let mut rows = Vec::new();
     for ranks in [2u32, 4] {

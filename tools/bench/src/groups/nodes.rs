@@ -19,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use trainhost_test_artifacts::BENCH_GUEST;
 
-use crate::common::{Paired, Row, local_run, metric, run_guest};
+use crate::common::{Paired, Row, Sampling, local_run, metric, run_guest};
 use crate::goals;
 
 const SIZES: [(usize, &str); 3] = [(4 << 10, "4 KiB"), (1 << 20, "1 MiB"), (64 << 20, "64 MiB")];
@@ -112,14 +112,14 @@ fn number(metrics: &Value, name: &str) -> Result<f64> {
         .with_context(|| format!("no metric {name} in {metrics}"))
 }
 
-pub(crate) fn nodes(programs: &Programs, quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn nodes(programs: &Programs, quick: bool) -> Result<Vec<Row>> {
     let dir = tempfile::tempdir()?;
     let storage = tempfile::tempdir()?;
     let mut rows = Vec::new();
     let mut report = Paired::default();
-    // Two samples a pass (a pass of this group takes about a minute): a
-    // range of six holds a re-run's median nine times in ten.
-    let reps = if quick { reps } else { reps * 2 };
+    // Fewer samples than most rows: a pass of this group takes about a
+    // minute.
+    let reps = Sampling::Processes.per_pass(quick);
     for per_node in [1u32, 2] {
         for (bytes, name) in SIZES {
             let floats = bytes / 4;

@@ -11,12 +11,12 @@ use trainhost::StorageOptions;
 use trainhost::bench::Durability;
 
 use crate::common::{
-    Paired, Row, checkpoint_sizes, describe, layout, size_name, small_files_layout, sync,
+    Paired, Row, Sampling, checkpoint_sizes, describe, layout, size_name, small_files_layout, sync,
     time_command,
 };
 use crate::goals;
 
-pub(crate) fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn persist_local(quick: bool) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     let mut layouts: Vec<(u64, Vec<(u32, u64)>)> = checkpoint_sizes(quick)
         .iter()
@@ -29,9 +29,7 @@ pub(crate) fn persist_local(quick: bool, reps: usize) -> Result<Vec<Row>> {
         trainhost_bench_kernel::write_layout(&src, &layout, 1)?;
         let (mut on_disk, mut in_cache, mut hashed) =
             (Paired::default(), Paired::default(), Paired::default());
-        // A small checkpoint is written in tens of milliseconds, where
-        // scheduling noise is large: take more samples.
-        let reps = if total <= 64 << 20 { reps * 3 } else { reps };
+        let reps = Sampling::of_checkpoint(total).per_pass(quick);
         for i in 0..reps {
             let m = measure(&src, work.path(), i)?;
             on_disk.push(m.cp + m.sync, m.ours_on_disk);

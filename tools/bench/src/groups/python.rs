@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::common::{Paired, Row, step_ns, time_command};
+use crate::common::{Paired, Row, Sampling, step_ns, time_command};
 use crate::goals;
 
 /// The example's step and a larger one, with steps a sample (about a
@@ -20,14 +20,14 @@ const STEPS: [(u32, u32, &str, u32); 2] = [
     (512, 512, "a larger step: MLP 64→512→10, batch 512", 400),
 ];
 
-pub(crate) fn python(bin: &Path, quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn python(bin: &Path, quick: bool) -> Result<Vec<Row>> {
     let work = tempfile::tempdir()?;
     let guest = build(&work.path().join("digits-python.wasm"))?;
     let guest = guest
         .to_str()
         .context("a temporary path that is not UTF-8")?;
-    // Three samples a pass, as `sgd` (about 17 s a sample of every row).
-    let reps = if quick { reps } else { reps * 3 };
+    // About 17 s a sample of every row.
+    let reps = Sampling::Standard.per_pass(quick);
     let mut rows = steps(guest, quick, reps)?;
     rows.extend(start(bin, guest, work.path(), reps)?);
     Ok(rows)

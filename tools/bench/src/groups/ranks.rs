@@ -10,7 +10,7 @@ use serde_json::json;
 use trainhost::{ScalingConfig, Trainer};
 use trainhost_test_artifacts::BENCH_GUEST;
 
-use crate::common::{Lines, Paired, Row, Unit, local_run};
+use crate::common::{Lines, Paired, Row, Sampling, Unit, local_run};
 use crate::goals;
 
 pub(crate) fn child_ranks(n: u32, cache: Option<&Path>) -> Result<()> {
@@ -46,8 +46,8 @@ pub(crate) fn ranks(quick: bool, cache: &Path) -> Result<Vec<Row>> {
     } else {
         &[1, 2, 4, 8, 16, 32, 64]
     };
-    // Three samples a pass: all the counts take under a second.
-    let samples = if quick { 1 } else { 3 };
+    // All the counts take under a second a sample.
+    let samples = Sampling::Standard.per_pass(quick);
     let extras = counts.len() - 1;
     let mut walls: Vec<Paired> = (0..extras).map(|_| Paired::default()).collect();
     let mut peaks: Vec<Paired> = (0..extras).map(|_| Paired::default()).collect();

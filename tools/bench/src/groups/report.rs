@@ -6,14 +6,11 @@ use anyhow::Result;
 use serde_json::json;
 use trainhost::RunConfig;
 
-use crate::common::{Paired, Row, local_run, metric, run_guest};
+use crate::common::{Paired, Row, Sampling, local_run, metric, run_guest};
 use crate::goals;
 use crate::load::Load;
 
-/// Samples of each measure in one pass.
-const SAMPLES_PER_PASS: usize = 3;
-
-pub(crate) fn report(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn report(quick: bool) -> Result<Vec<Row>> {
     let reports = if quick { 2_000 } else { 20_000 };
     let storage = tempfile::tempdir()?;
     // One run of `workers` ranks: per round, and per trivial host call.
@@ -38,11 +35,11 @@ pub(crate) fn report(quick: bool, reps: usize) -> Result<Vec<Row>> {
         "≤ {} µs a round (Ray: 2 s default, 4 ms tuned)",
         goals::REPORT_NS / 1e3
     );
-    // A run takes a second or less: three samples a pass, so that the
+    // A run takes a second or less: as many samples as any row, so that the
     // goal's verdict and the range rest on more than three rounds of the
     // scheduler's dice (with every core busy a run lands in one of two
     // states, see BENCHMARKS.md).
-    let reps = reps * SAMPLES_PER_PASS;
+    let reps = Sampling::Standard.per_pass(quick);
     let mut rows = Vec::new();
     let mut waiting = Paired::default();
     for _ in 0..reps {

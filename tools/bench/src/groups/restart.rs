@@ -8,11 +8,11 @@ use serde_json::json;
 use trainhost::{FailureConfig, MaxFailures, RunConfig, Trainer};
 use trainhost_test_artifacts::BENCH_GUEST;
 
-use crate::common::{Lines, Paired, Row, local_run};
+use crate::common::{Lines, Paired, Row, Sampling, local_run};
 use crate::goals;
 use crate::load::Load;
 
-pub(crate) fn restart(reps: usize, cache: &Path) -> Result<Vec<Row>> {
+pub(crate) fn restart(quick: bool, cache: &Path) -> Result<Vec<Row>> {
     // Warm the compile cache: the baseline is a warm start.
     trainhost::bench::compile(&std::fs::read(BENCH_GUEST)?, Some(cache))?;
     let mut rows = Vec::new();
@@ -33,7 +33,7 @@ pub(crate) fn restart(reps: usize, cache: &Path) -> Result<Vec<Row>> {
         let mut pairs = Paired::default();
         let load = loaded.then(|| Load::start(cpu, writer)).transpose()?;
         // A restart takes tens of milliseconds: more samples are cheap.
-        for _ in 0..reps * 3 {
+        for _ in 0..Sampling::Standard.per_pass(quick) {
             let (first, again) = restart_once(cache)?;
             pairs.push(first, again);
         }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use trainhost::bench::Durability;
 use trainhost::{RunConfig, StorageOptions};
 
-use crate::common::{Paired, Row, describe, local_run, self_cpu, time_command};
+use crate::common::{Paired, Row, Sampling, describe, local_run, self_cpu, time_command};
 use crate::goals;
 use crate::groups::blocked::{Target, measure};
 
@@ -47,7 +47,7 @@ fn start_moto(tls: bool) -> Result<Moto> {
     Ok(moto)
 }
 
-pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn s3(quick: bool) -> Result<Vec<Row>> {
     let aws = std::env::var("TRAINHOST_AWS_CLI")
         .context("TRAINHOST_AWS_CLI is not set (scripts/bench.sh installs the AWS CLI v1)")?;
     let bucket = "bench";
@@ -60,8 +60,8 @@ pub(crate) fn s3(quick: bool, reps: usize) -> Result<Vec<Row>> {
     ] {
         unsafe { std::env::set_var(k, v) };
     }
-    // Three samples a pass, as `sgd` (about 30 s a sample of every row).
-    let reps = if quick { reps } else { reps * 3 };
+    // About 30 s a sample of every row.
+    let reps = Sampling::Standard.per_pass(quick);
     let uploader = Uploader::start(&aws, bucket, false)?;
     let options = &uploader.options;
     // Files above one part (multipart uploads, each part hashed again for

@@ -7,17 +7,17 @@ use anyhow::{Result, bail};
 use serde_json::json;
 use trainhost::{Interruption, ResourceLimits, RunConfig};
 
-use crate::common::{Paired, Row, local_run, metric, run_guest};
+use crate::common::{Paired, Row, Sampling, local_run, metric, run_guest};
 use crate::goals;
 
-pub(crate) fn sgd(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn sgd(quick: bool) -> Result<Vec<Row>> {
     // About 1 s of native work per sample (3.3 µs a step here): shorter
     // samples moved the ratios by a third between re-runs.
     let (steps, dim, batch) = (if quick { 30_000 } else { 300_000 }, 256, 64);
     // Samples of a second each: three a pass (nine in all) are cheap, and
     // a range of nine holds a re-run's median but about three times in a
     // hundred, against four in ten for a range of three.
-    let reps = if quick { reps } else { reps * 3 };
+    let reps = Sampling::Standard.per_pass(quick);
     let native = || trainhost_bench_kernel::time_sgd(steps, dim, batch);
     let storage = tempfile::tempdir()?;
     let config = json!({"mode": "sgd", "steps": steps, "dim": dim, "batch": batch});

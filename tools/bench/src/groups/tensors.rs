@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use trainhost::bench::tensor::{self as k, Activation, Tensor};
 use trainhost_test_artifacts::DIGITS_MLP;
 
-use crate::common::{Paired, Row, local_run, metric, run_guest, step_ns};
+use crate::common::{Paired, Row, Sampling, local_run, metric, run_guest, step_ns};
 use crate::goals;
 
 /// The digits example's model and batch, and a larger one where the
@@ -29,11 +29,11 @@ const MLP: [(u32, u32, &str, [u32; 2]); 2] = [
     ),
 ];
 
-pub(crate) fn tensors(quick: bool, reps: usize) -> Result<Vec<Row>> {
+pub(crate) fn tensors(quick: bool) -> Result<Vec<Row>> {
     // A pass of the group takes a few seconds, and two of its goals
     // (1.1 × and 1.05 × native) are within a few percent of what it
-    // measures: three samples a pass.
-    let reps = reps * 3;
+    // measures: as many samples as any row.
+    let reps = Sampling::Standard.per_pass(quick);
     let mut rows = mlp(quick, reps)?;
     rows.extend(gemm(quick, reps)?);
     rows.extend(calls_and_all_reduce(quick, reps)?);
