@@ -19,6 +19,11 @@ pub mod tensor {
     };
 }
 
+/// On an object store, a file unchanged since the previous checkpoint is
+/// copied by the server when it has at least this many bytes, and sent
+/// again when smaller (local storage links every unchanged file).
+pub const COPY_AT_LEAST: u64 = crate::persist::COPY_AT_LEAST;
+
 /// How durable [`persist_directory`] leaves the files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {

@@ -32,7 +32,7 @@ const CONCURRENT_LOCAL_FILES: usize = 16;
 /// copied, 1.2 times when every file was sent again, and 1.0 times with
 /// this bound. (A hard link on local storage is always cheaper than a
 /// write and its flush.)
-const COPY_AT_LEAST: u64 = 1 << 20;
+pub(crate) const COPY_AT_LEAST: u64 = 1 << 20;
 
 /// The checkpoint committed before this one, whose files a new checkpoint
 /// may share instead of sending them again.

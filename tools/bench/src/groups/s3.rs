@@ -7,7 +7,9 @@ use anyhow::{Context, Result, bail};
 use trainhost::bench::Durability;
 use trainhost::{RunConfig, StorageOptions};
 
-use crate::common::{Paired, Row, Sampling, describe, local_run, self_cpu, time_command};
+use crate::common::{
+    Paired, Row, Sampling, describe, local_run, self_cpu, size_name, time_command,
+};
 use crate::goals;
 use crate::groups::blocked::{Target, measure};
 
@@ -86,9 +88,13 @@ pub(crate) fn s3(quick: bool) -> Result<Vec<Row>> {
         };
         Ok((run, Box::new(())))
     };
+    let shares = format!(
+        "files of {} or more copied by the server, smaller ones sent again",
+        size_name(trainhost::bench::COPY_AT_LEAST)
+    );
     let target = Target {
         name: "S3",
-        shares: "files of 1 MiB or more copied by the server, smaller ones sent again",
+        shares: &shares,
         run: &s3_run,
     };
     let blocked_rows = measure(&target, 64 << 20, reps)?;
