@@ -15,4 +15,6 @@ pub(crate) use capture::{Capture, CaptureError, HandedOver, capture};
 pub(crate) use lend::{Inode, Lent};
 pub(crate) use plan::{Collision, Plan, PlanError, merge, sha256_of};
 pub(crate) use snapshot::{Snapshots, snapshot};
-pub(crate) use upload::{COPY_AT_LEAST, PersistStats, Previous, persist};
+#[cfg(feature = "bench")]
+pub(crate) use upload::COPY_AT_LEAST;
+pub(crate) use upload::{PersistStats, Previous, persist};
