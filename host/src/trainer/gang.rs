@@ -1,6 +1,7 @@
 //! The ranks of a run on this host, and their directories: what every node
 //! runs for each attempt.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -55,6 +56,7 @@ impl Site {
                 limits: trainer.run.limits.clone(),
             },
             layout,
+            attempts: Cell::new(0),
         }
     }
 }
@@ -67,6 +69,9 @@ pub(super) struct Gang<'a> {
     restore_root: &'a Path,
     shared: RankShared,
     layout: Layout,
+    /// How many attempts this host has run: each gets scratch directories
+    /// of its own.
+    attempts: Cell<u32>,
 }
 
 impl Gang<'_> {
@@ -74,13 +79,31 @@ impl Gang<'_> {
     pub fn run(&self, attempt: Attempt) -> Result<Ended, Error> {
         // Fresh scratch directories: nothing of a failed attempt leaks into
         // the next one but what it committed.
+        let n = self.attempts.get();
+        self.attempts.set(n + 1);
+        let root = self.work.join(format!("attempt-{n}"));
         let scratch: Vec<PathBuf> = (0..self.layout.per_node)
-            .map(|r| self.work.join(format!("rank-{r}")))
+            .map(|r| root.join(format!("rank-{r}")))
             .collect();
         for dir in &scratch {
-            let _ = std::fs::remove_dir_all(dir);
             create_dir(dir, "create a rank's scratch directory")?;
         }
+        // The previous attempt's are removed while this one runs, not
+        // before it starts: on a file system busy with another process's
+        // writes each unlink can wait tens of milliseconds for the journal,
+        // and a restart would wait for all of them.
+        let previous = n
+            .checked_sub(1)
+            .map(|p| self.work.join(format!("attempt-{p}")));
+        Ok(std::thread::scope(|scope| {
+            if let Some(previous) = previous {
+                scope.spawn(move || remove_scratch(&previous));
+            }
+            self.run_ranks(attempt, &scratch)
+        }))
+    }
+
+    fn run_ranks(&self, attempt: Attempt, scratch: &[PathBuf]) -> Ended {
         let ticker = self.guest.start_ticker();
         let ended = attempt.run(|handle| {
             let rank = handle.rank();
@@ -104,7 +127,16 @@ impl Gang<'_> {
             ))
         });
         drop(ticker);
-        Ok(ended)
+        ended
+    }
+}
+
+/// Remove a finished attempt's scratch directories. Failing to is not an
+/// error of the run (the run's working directory goes when it ends): it is
+/// logged.
+fn remove_scratch(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(dir = %dir.display(), "cannot remove a finished attempt's scratch directories: {e}");
     }
 }
 

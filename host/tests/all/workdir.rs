@@ -112,3 +112,59 @@ fn a_live_runs_working_directory_is_left_alone() {
         .join("trainhost_results/live/checkpoint_000000/state");
     assert_eq!(std::fs::read_to_string(committed).unwrap(), "kept");
 }
+
+/// A restart's ranks start in scratch directories of their own; the
+/// failed attempt's are removed while the next attempt runs (not before it
+/// starts, where a busy disk would delay the restart).
+#[test]
+fn a_failed_attempts_scratch_directories_are_removed_while_the_next_one_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let env = [("TMPDIR", tmp.as_path())];
+    let config = json!({"steps": [
+        {"write": "scratch-data", "bytes": 4_000_000, "seed": 1, "when_attempt": [0]},
+        {"write": "ckpt/attempt", "text": "{next_attempt}", "when_attempt": [0]},
+        {"report": {}, "checkpoint": "ckpt", "when_attempt": [0]},
+        {"panic": "planned failure", "when_attempt": [0]},
+        {"print": "ready"},
+        {"sleep_ms": 300_000},
+    ]})
+    .to_string();
+    let args = [
+        "run",
+        TEST_GUEST,
+        "--config",
+        &config,
+        "--name",
+        "r",
+        "--max-failures",
+        "1",
+    ];
+    let mut host = HostProcess::spawn_with_env(&args, dir.path(), &env);
+    host.wait_for(|l| l.contains("ready"));
+    let live = trainhost_entries(&tmp);
+    assert_eq!(live.len(), 1, "{live:?}");
+    let work = tmp.join(&live[0]);
+    let attempts = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&work)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("attempt-"))
+            .collect();
+        names.sort();
+        names
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while attempts() != ["attempt-1"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failed attempt's scratch directories are still there: {:?}",
+            attempts()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(work.join("attempt-1/rank-0").is_dir());
+    host.child.kill().unwrap();
+    host.child.wait().unwrap();
+}
