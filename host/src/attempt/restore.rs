@@ -1,6 +1,9 @@
 //! Restoring checkpoints for the ranks of one host (R21, R22): which
 //! checkpoint `get-checkpoint` hands out, and a local copy of it that is
 //! downloaded and verified once, then shared read-only by every local rank.
+//! Since the ranks only read it, a file of local storage on the same file
+//! system is hard-linked into the copy (and read back to verify it) instead
+//! of copied: a restore then writes nothing, however large the checkpoint.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -11,7 +14,7 @@ use tokio::sync::OnceCell;
 
 use crate::ledger::Ledger;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Access, Checkpoint};
 use crate::error::Error;
 
 /// One checkpoint's local copy: its guest path once downloaded, or why the
@@ -156,7 +159,7 @@ impl RestoreCache {
             operation: "create a restore directory",
             source,
         })?;
-        checkpoint.download_into(&staging).await?;
+        checkpoint.download_into(&staging, Access::ReadOnly).await?;
         std::fs::rename(&staging, &final_dir).map_err(|source| Error::Io {
             path: final_dir.clone(),
             operation: "move a restored checkpoint into place",
@@ -274,9 +277,13 @@ mod tests {
     }
 
     fn committed() -> Fixture {
-        let rt = tokio::runtime::Runtime::new().unwrap();
         let store = Arc::new(object_store::memory::InMemory::new());
-        let storage = Storage::from_store(store, "memory://t").child("run");
+        committed_in(Storage::from_store(store, "memory://t"))
+    }
+
+    fn committed_in(storage: Storage) -> Fixture {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let storage = storage.child("run");
         let ledger =
             crate::ledger::open_for_test(&rt, &storage, Retention::default(), false).unwrap();
         let work = tempfile::tempdir().unwrap();
@@ -355,5 +362,41 @@ mod tests {
             cache.entries.lock().unwrap().get(key).unwrap()
         ));
         assert!(cell.initialized());
+    }
+
+    /// On local storage the restored files are the stored ones, linked
+    /// (nothing is copied), and still verified: a stored file changed
+    /// behind its manifest's back fails the restore as damage.
+    #[test]
+    fn a_checkpoint_in_local_storage_is_restored_as_links_and_verified() {
+        use std::os::unix::fs::MetadataExt;
+        let stored_root = tempfile::tempdir().unwrap();
+        let local = Storage::open(
+            &crate::config::Location::Local(stored_root.path().to_owned()),
+            &crate::config::StorageOptions::default(),
+        )
+        .unwrap();
+        let Fixture {
+            rt, ledger, root, ..
+        } = committed_in(local);
+        let restorer = |root: &tempfile::TempDir| {
+            let cache = Arc::new(RestoreCache::new(root.path().to_owned(), "/restored"));
+            Restorer::new(cache, Arc::clone(&ledger), None)
+        };
+        let path = rt.block_on(restorer(&root).resolve()).unwrap();
+        assert_eq!(path.as_deref(), Some("/restored/checkpoint_000000"));
+        let stored = stored_root.path().join("run/checkpoint_000000/w");
+        let restored = root.path().join("checkpoint_000000/w");
+        assert_eq!(std::fs::read_to_string(&restored).unwrap(), "weights");
+        assert_eq!(
+            std::fs::metadata(&restored).unwrap().ino(),
+            std::fs::metadata(&stored).unwrap().ino(),
+            "restored by a link to the stored file"
+        );
+
+        std::fs::write(&stored, "weightz").unwrap();
+        let again = tempfile::tempdir().unwrap();
+        let e = rt.block_on(restorer(&again).resolve()).unwrap_err();
+        assert!(matches!(e, RestoreError::NoneVerifies { .. }), "{e}");
     }
 }

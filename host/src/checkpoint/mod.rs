@@ -22,6 +22,18 @@ use crate::storage::Storage;
 /// How many files are downloaded or verified at once.
 const CONCURRENT_FILES: usize = 8;
 
+/// What may be done with a restored checkpoint's files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// They may be changed: every file is a copy of its own.
+    Writable,
+    /// They are only ever read (the ranks see restored checkpoints
+    /// read-only): a file of local storage on the same file system is
+    /// hard-linked instead of copied, so restoring it writes nothing and
+    /// takes no space.
+    ReadOnly,
+}
+
 /// A committed checkpoint in storage (R26).
 ///
 /// Open one by location with [`Checkpoint::open`], or take one from a
@@ -169,7 +181,7 @@ impl Checkpoint {
             .prefix(".trainhost-restore-")
             .tempdir_in(&parent)
             .map_err(|e| io(&parent, "create a staging directory", e))?;
-        self.download_into(staging.path()).await?;
+        self.download_into(staging.path(), Access::Writable).await?;
         if dest.exists() {
             std::fs::remove_dir(dest).map_err(|e| io(dest, "replace the empty directory", e))?;
         }
@@ -198,7 +210,7 @@ impl Checkpoint {
                 operation: "create a temporary directory",
                 source: e,
             })?;
-        block_on(self.download_into(temp.path()))?;
+        block_on(self.download_into(temp.path(), Access::Writable))?;
         Ok(CheckpointDir {
             path: temp.path().to_path_buf(),
             _temp: Some(temp),
@@ -206,8 +218,8 @@ impl Checkpoint {
     }
 
     /// Download every file into the existing empty directory `root`,
-    /// verifying each.
-    pub(crate) async fn download_into(&self, root: &Path) -> Result<(), Error> {
+    /// verifying each, as `access` allows.
+    pub(crate) async fn download_into(&self, root: &Path, access: Access) -> Result<(), Error> {
         let dir = Dir::open_ambient_dir(root, ambient_authority()).map_err(|source| Error::Io {
             path: root.to_path_buf(),
             operation: "open the directory to restore into",
@@ -232,6 +244,14 @@ impl Checkpoint {
                 };
                 if let Some((parent, _)) = f.path.rsplit_once('/') {
                     dir.create_dir_all(parent).map_err(io)?;
+                }
+                if access == Access::ReadOnly
+                    && let Some((size, sha)) = self
+                        .storage
+                        .link_into(&f.path, dir, &f.path, &shown, meter)
+                        .await?
+                {
+                    return self.check(&f.path, f.size, &f.sha256, size, &sha);
                 }
                 let file = dir.create(&f.path).map_err(io)?.into_std();
                 let (size, sha) = self

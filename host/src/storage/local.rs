@@ -87,6 +87,62 @@ pub(super) fn copy_file(
     Ok((size, hasher.finish()))
 }
 
+/// Hard-link the stored file `source` as `target` in `dir` (`shown` in
+/// errors) and hash it by reading it back: a restored file without a copy
+/// of its bytes. `None` when the file system will not link it there
+/// (another file system, one without hard links, too many links): the
+/// caller copies it instead.
+pub(super) fn link_file(
+    source: &Path,
+    dir: &cap_std::fs::Dir,
+    target: &str,
+    shown: &Path,
+    meter: &Meter,
+) -> Result<Option<(u64, String)>, Error> {
+    let io = |operation| {
+        move |source| Error::Io {
+            path: shown.to_path_buf(),
+            operation,
+            source,
+        }
+    };
+    let (Some(parent), Some(name)) = (source.parent(), source.file_name()) else {
+        return Ok(None);
+    };
+    let stored = cap_std::fs::Dir::open_ambient_dir(parent, cap_std::ambient_authority())
+        .map_err(io("open a stored checkpoint file's directory"))?;
+    match stored.hard_link(name, dir, target) {
+        Ok(()) => {}
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EXDEV | libc::EPERM | libc::EMLINK | libc::EOPNOTSUPP)
+            ) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(io("link a restored checkpoint file to the stored one")(e)),
+    }
+    let mut file = dir
+        .open(target)
+        .map_err(io("open a restored checkpoint file"))?
+        .into_std();
+    let mut hasher = FileDigest::new(None);
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(io("read a restored checkpoint file"))?;
+        if n == 0 {
+            return Ok(Some((size, hasher.finish())));
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+        meter.inc(n as u64);
+    }
+}
+
 /// One side of [`pump`]: the file, its name in errors, and what is done
 /// to it, in words.
 type End<'a, P> = (&'a mut File, P, &'static str);

@@ -279,6 +279,40 @@ impl Storage {
         Ok((size, hex::encode(hasher.finalize())))
     }
 
+    /// Restore the object at `relative` as `target` in `dir` (`shown` in
+    /// errors) by hard-linking the stored file, when this storage is a
+    /// local directory on the same file system, and hash it by reading it
+    /// back. The restored file then shares the stored one's blocks, so the
+    /// caller must never write it (the ranks see restored checkpoints
+    /// read-only). Returns its size and SHA-256, or `None` when it cannot be
+    /// linked (an object store, another file system), for the caller to
+    /// copy it instead with [`Storage::download_to`].
+    pub async fn link_into(
+        &self,
+        relative: &str,
+        dir: &cap_std::fs::Dir,
+        target: &str,
+        shown: &Path,
+        meter: &Meter,
+    ) -> Result<Option<(u64, String)>, Error> {
+        let Some(local) = &self.local else {
+            return Ok(None);
+        };
+        let source = local
+            .path_to_filesystem(&self.object_path(relative))
+            .map_err(|e| self.error(format!("download {relative}"), e))?;
+        let dir = dir.try_clone().map_err(|source| Error::Io {
+            path: shown.to_path_buf(),
+            operation: "open the directory to restore into",
+            source,
+        })?;
+        let (target, shown, meter) = (target.to_owned(), shown.to_path_buf(), meter.clone());
+        blocking(relative, "restore a checkpoint file", move || {
+            local::link_file(&source, &dir, &target, &shown, &meter)
+        })
+        .await
+    }
+
     /// The size and SHA-256 of the object at `relative`, read as a stream.
     pub async fn digest(&self, relative: &str) -> Result<(u64, String), Error> {
         let mut hasher = Sha256::new();
