@@ -34,7 +34,7 @@ pub(crate) fn cli(bin: &Path, quick: bool) -> Result<Vec<Row>> {
         Ok(wall.as_nanos() as f64)
     };
     let mut pairs = Paired::default();
-    // A pair of runs takes well under a second: three a pass.
+    // A pair of runs takes well under a second.
     for _ in 0..Sampling::Standard.per_pass(quick) {
         let _ = std::fs::remove_dir_all(&cache);
         let cold = run(&cache)?;

@@ -14,9 +14,7 @@ pub(crate) fn sgd(quick: bool) -> Result<Vec<Row>> {
     // About 1 s of native work per sample (3.3 µs a step here): shorter
     // samples moved the ratios by a third between re-runs.
     let (steps, dim, batch) = (if quick { 30_000 } else { 300_000 }, 256, 64);
-    // Samples of a second each: three a pass (nine in all) are cheap, and
-    // a range of nine holds a re-run's median but about three times in a
-    // hundred, against four in ten for a range of three.
+    // Samples of a second each: as many as any row are cheap.
     let reps = Sampling::Standard.per_pass(quick);
     let native = || trainhost_bench_kernel::time_sgd(steps, dim, batch);
     let storage = tempfile::tempdir()?;
