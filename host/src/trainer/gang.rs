@@ -96,8 +96,14 @@ impl Gang<'_> {
             .checked_sub(1)
             .map(|p| self.work.join(format!("attempt-{p}")));
         Ok(std::thread::scope(|scope| {
-            if let Some(previous) = previous {
-                scope.spawn(move || remove_scratch(&previous));
+            if let Some(previous) = &previous {
+                let removal = std::thread::Builder::new()
+                    .name("trainhost-scratch-removal".into())
+                    .spawn_scoped(scope, move || remove_scratch(previous));
+                if removal.is_err() {
+                    // No thread to spare: remove them now instead.
+                    remove_scratch(previous);
+                }
             }
             self.run_ranks(attempt, &scratch)
         }))
