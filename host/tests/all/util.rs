@@ -191,10 +191,15 @@ pub fn stored_history(run_dir: &Path) -> Vec<(u64, Option<u64>)> {
 
 /// The names of the checkpoint directories in a run directory.
 pub fn checkpoint_dirs(run_dir: &Path) -> Vec<String> {
-    let mut out: Vec<String> = std::fs::read_dir(run_dir)
+    names_starting_with(run_dir, "checkpoint_")
+}
+
+/// The names of the entries of `dir` that start with `prefix`, sorted.
+pub fn names_starting_with(dir: &Path, prefix: &str) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("checkpoint_"))
+        .filter(|n| n.starts_with(prefix))
         .collect();
     out.sort();
     out

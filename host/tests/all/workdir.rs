@@ -2,11 +2,21 @@
 //! killed with SIGKILL (scratch, snapshots, restored checkpoints) are
 //! removed by the next run, never those of a live run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
 use crate::util::*;
+
+/// A test directory, and a temporary directory inside it for the hosts
+/// the test starts (their `TMPDIR`), so that other tests' hosts never
+/// share it.
+fn private_tmp() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    (dir, tmp)
+}
 
 /// Every entry of `tmp` whose name starts with `trainhost`, with what it
 /// holds below it (one level).
@@ -36,9 +46,7 @@ fn trainhost_entries(tmp: &Path) -> Vec<String> {
 
 #[test]
 fn the_working_directories_of_killed_hosts_are_removed_by_the_next_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
+    let (dir, tmp) = private_tmp();
     let env = [("TMPDIR", tmp.as_path())];
     let config = json!({"steps": [
         {"write": "scratch-data", "bytes": 4_000_000, "seed": 1},
@@ -75,9 +83,7 @@ fn the_working_directories_of_killed_hosts_are_removed_by_the_next_run() {
 
 #[test]
 fn a_live_runs_working_directory_is_left_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
+    let (dir, tmp) = private_tmp();
     let env = [("TMPDIR", tmp.as_path())];
     // The live run keeps state in its scratch directory across a sleep,
     // then commits it.
@@ -118,9 +124,7 @@ fn a_live_runs_working_directory_is_left_alone() {
 /// starts, where a busy disk would delay the restart).
 #[test]
 fn a_failed_attempts_scratch_directories_are_removed_while_the_next_one_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
+    let (dir, tmp) = private_tmp();
     let env = [("TMPDIR", tmp.as_path())];
     let config = json!({"steps": [
         {"write": "scratch-data", "bytes": 4_000_000, "seed": 1, "when_attempt": [0]},
@@ -146,15 +150,7 @@ fn a_failed_attempts_scratch_directories_are_removed_while_the_next_one_runs() {
     let live = trainhost_entries(&tmp);
     assert_eq!(live.len(), 1, "{live:?}");
     let work = tmp.join(&live[0]);
-    let attempts = || -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&work)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("attempt-"))
-            .collect();
-        names.sort();
-        names
-    };
+    let attempts = || names_starting_with(&work, "attempt-");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while attempts() != ["attempt-1"] {
         assert!(
