@@ -302,8 +302,8 @@ mod tests {
     fn reports_do_not_wait_for_retention_to_delete() {
         for background in [true, false] {
             let rt = tokio::runtime::Runtime::new().unwrap();
-            let store = Arc::new(crate::storage::held::HeldDeletes::default());
-            let gate = Arc::clone(&store.gate);
+            let store = Arc::new(crate::storage::held::Held::deletes());
+            let gate = Arc::clone(&store.deletes);
             let storage = Storage::from_store(store, "held://").child("run");
             let keep_one = Retention {
                 num_to_keep: Some(1),

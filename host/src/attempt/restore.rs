@@ -6,11 +6,15 @@
 //! of copied: a restore then writes nothing, however large the checkpoint.
 
 use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
 use std::path::PathBuf;
+use std::pin::pin;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
+use futures::future;
 use tokio::runtime::Handle;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, oneshot};
 
 use crate::ledger::Ledger;
 
@@ -84,25 +88,39 @@ impl RestoreCache {
     /// comes before they ask for it: recording the failure, starting them.
     /// They wait for this copy instead of making their own; its outcome is
     /// the cache's, met and acted on by the attempt's own resolve.
+    ///
+    /// Dropping the returned [`Prefetch`] stops the copy if it is still
+    /// under way, so keep it until the attempt is over, and drop it before
+    /// this cache's directory is removed.
     pub fn prefetch(
         self: &Arc<Self>,
         ledger: Arc<Ledger>,
         resume_from: Option<Checkpoint>,
         handle: &Handle,
-    ) {
+    ) -> Prefetch {
         let restorer = Restorer::new(Arc::clone(self), ledger, resume_from);
         let handle = handle.clone();
+        let (stop, stopped) = oneshot::channel::<Infallible>();
         // On a thread of its own: the copy's future borrows across awaits
         // in ways `spawn` cannot take, and the I/O runtime's workers are
         // busy recording the failure meanwhile.
         let started = std::thread::Builder::new()
             .name("trainhost-restore".into())
             .spawn(move || {
-                let _ = handle.block_on(restorer.resolve());
+                // Stopped halfway, the cell is left for the next rank that
+                // asks to fill (R22 still holds); files already opened may
+                // still be written, but nothing is created by path.
+                handle.block_on(future::select(pin!(restorer.resolve()), stopped));
             });
-        if let Err(e) = started {
-            // The ranks copy it themselves, as without a prefetch.
-            tracing::debug!("cannot start copying the checkpoint ahead: {e}");
+        let thread = started
+            .inspect_err(|e| {
+                // The ranks copy it themselves, as without a prefetch.
+                tracing::debug!("cannot start copying the checkpoint ahead: {e}");
+            })
+            .ok();
+        Prefetch {
+            stop: Some(stop),
+            thread,
         }
     }
 
@@ -167,6 +185,28 @@ impl RestoreCache {
         })?;
         tracing::info!(checkpoint = %checkpoint.location(), "restored checkpoint");
         Ok(())
+    }
+}
+
+/// A checkpoint being copied ahead of an attempt (see
+/// [`RestoreCache::prefetch`]). Dropping it stops the copy and waits for
+/// its thread: a run that ends while it is still copying, or a restart
+/// that no longer wants it, removes nothing from under it, and no thread
+/// of a run outlives the run.
+#[derive(Debug)]
+#[must_use = "dropping it stops the copy"]
+pub(crate) struct Prefetch {
+    /// Dropped to stop the copy; nothing is ever sent.
+    stop: Option<oneshot::Sender<Infallible>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -260,143 +300,5 @@ impl Restorer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Retention;
-    use crate::metrics::Metrics;
-    use crate::storage::Storage;
-
-    /// A run in memory with one committed checkpoint holding `w`, and an
-    /// empty restore cache for it.
-    struct Fixture {
-        rt: tokio::runtime::Runtime,
-        ledger: Arc<Ledger>,
-        storage: Storage,
-        root: tempfile::TempDir,
-        cache: Arc<RestoreCache>,
-    }
-
-    fn committed() -> Fixture {
-        let store = Arc::new(object_store::memory::InMemory::new());
-        committed_in(Storage::from_store(store, "memory://t"))
-    }
-
-    fn committed_in(storage: Storage) -> Fixture {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let storage = storage.child("run");
-        let ledger =
-            crate::ledger::open_for_test(&rt, &storage, Retention::default(), false).unwrap();
-        let work = tempfile::tempdir().unwrap();
-        std::fs::write(work.path().join("w"), "weights").unwrap();
-        let dir =
-            cap_std::fs::Dir::open_ambient_dir(work.path(), cap_std::ambient_authority()).unwrap();
-        let plan =
-            crate::persist::merge(vec![crate::persist::capture(0, dir, "ck").unwrap()]).unwrap();
-        let uploaded = rt.block_on(ledger.upload(0, &plan, true)).unwrap();
-        rt.block_on(ledger.commit_uploaded(0, 0, &Metrics::new(), &[0], 1, uploaded))
-            .unwrap();
-        let root = tempfile::tempdir().unwrap();
-        let cache = Arc::new(RestoreCache::new(root.path().to_path_buf(), "/restored"));
-        Fixture {
-            rt,
-            ledger: Arc::new(ledger),
-            storage,
-            root,
-            cache,
-        }
-    }
-
-    /// Storage that failed during a restore is asked again by the next
-    /// attempt: only damage is remembered for the run.
-    #[test]
-    fn a_restore_that_failed_is_tried_again_by_the_next_attempt() {
-        let Fixture {
-            rt,
-            ledger,
-            storage,
-            root,
-            cache,
-        } = committed();
-        let dir = storage.child("checkpoint_000000");
-        let bytes = rt.block_on(dir.get("w")).unwrap().unwrap();
-        rt.block_on(dir.delete("w")).unwrap();
-        let first = Restorer::new(Arc::clone(&cache), Arc::clone(&ledger), None);
-        let e = rt.block_on(first.resolve()).unwrap_err();
-        assert!(matches!(e, RestoreError::Failed(_)), "{e}");
-
-        rt.block_on(dir.put("w", bytes)).unwrap();
-        let next = Restorer::new(Arc::clone(&cache), ledger, None);
-        let path = rt.block_on(next.resolve()).unwrap();
-        assert_eq!(path.as_deref(), Some("/restored/checkpoint_000000"));
-        let restored = root.path().join("checkpoint_000000/w");
-        assert_eq!(std::fs::read_to_string(restored).unwrap(), "weights");
-    }
-
-    /// The copy started ahead of an attempt is the one its ranks are
-    /// handed.
-    #[test]
-    fn the_ranks_are_handed_the_copy_started_ahead() {
-        let Fixture {
-            rt,
-            ledger,
-            root,
-            cache,
-            ..
-        } = committed();
-        cache.prefetch(Arc::clone(&ledger), None, rt.handle());
-        let restored = root.path().join("checkpoint_000000/w");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !restored.exists() {
-            assert!(std::time::Instant::now() < deadline, "no copy was made");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let key = "checkpoint_000000";
-        let cell = Arc::clone(cache.entries.lock().unwrap().get(key).unwrap());
-        let path = rt
-            .block_on(Restorer::new(Arc::clone(&cache), ledger, None).resolve())
-            .unwrap();
-        assert_eq!(path.as_deref(), Some("/restored/checkpoint_000000"));
-        // Handed the prefetch's result, not a second copy.
-        assert!(Arc::ptr_eq(
-            &cell,
-            cache.entries.lock().unwrap().get(key).unwrap()
-        ));
-        assert!(cell.initialized());
-    }
-
-    /// On local storage the restored files are the stored ones, linked
-    /// (nothing is copied), and still verified: a stored file changed
-    /// behind its manifest's back fails the restore as damage.
-    #[test]
-    fn a_checkpoint_in_local_storage_is_restored_as_links_and_verified() {
-        use std::os::unix::fs::MetadataExt;
-        let stored_root = tempfile::tempdir().unwrap();
-        let local = Storage::open(
-            &crate::config::Location::Local(stored_root.path().to_owned()),
-            &crate::config::StorageOptions::default(),
-        )
-        .unwrap();
-        let Fixture {
-            rt, ledger, root, ..
-        } = committed_in(local);
-        let restorer = |root: &tempfile::TempDir| {
-            let cache = Arc::new(RestoreCache::new(root.path().to_owned(), "/restored"));
-            Restorer::new(cache, Arc::clone(&ledger), None)
-        };
-        let path = rt.block_on(restorer(&root).resolve()).unwrap();
-        assert_eq!(path.as_deref(), Some("/restored/checkpoint_000000"));
-        let stored = stored_root.path().join("run/checkpoint_000000/w");
-        let restored = root.path().join("checkpoint_000000/w");
-        assert_eq!(std::fs::read_to_string(&restored).unwrap(), "weights");
-        assert_eq!(
-            std::fs::metadata(&restored).unwrap().ino(),
-            std::fs::metadata(&stored).unwrap().ino(),
-            "restored by a link to the stored file"
-        );
-
-        std::fs::write(&stored, "weightz").unwrap();
-        let again = tempfile::tempdir().unwrap();
-        let e = rt.block_on(restorer(&again).resolve()).unwrap_err();
-        assert!(matches!(e, RestoreError::NoneVerifies { .. }), "{e}");
-    }
-}
+#[path = "restore_tests.rs"]
+mod tests;

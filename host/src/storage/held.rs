@@ -1,5 +1,6 @@
-//! A store whose deletes wait until a test lets them through, for tests
-//! of what must not wait on deletions.
+//! A store in memory whose deletes or reads wait until a test lets them
+//! through, for tests of what must not wait on storage and of what stops
+//! while it waits.
 
 use std::sync::Arc;
 
@@ -11,32 +12,47 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 
 #[derive(Debug)]
-pub struct HeldDeletes {
+pub struct Held {
     inner: Arc<InMemory>,
     /// One permit per delete let through.
-    pub gate: Arc<Semaphore>,
+    pub deletes: Arc<Semaphore>,
+    /// While it names a file, reads of a file of that name wait until it
+    /// is cleared.
+    pub hold_reads_of: watch::Sender<Option<String>>,
+    /// Counts the reads that came while held.
+    pub reads_held: watch::Sender<usize>,
 }
 
-impl Default for HeldDeletes {
-    fn default() -> Self {
+impl Held {
+    /// Every delete waits for a permit; reads go through.
+    pub fn deletes() -> Self {
         Self {
             inner: Arc::default(),
-            gate: Arc::new(Semaphore::new(0)),
+            deletes: Arc::new(Semaphore::new(0)),
+            hold_reads_of: watch::Sender::new(None),
+            reads_held: watch::Sender::new(0),
         }
+    }
+
+    /// Deletes go through; reads are held once `hold_reads_of` is set.
+    pub fn reads() -> Self {
+        let held = Self::deletes();
+        held.deletes.add_permits(Semaphore::MAX_PERMITS);
+        held
     }
 }
 
-impl std::fmt::Display for HeldDeletes {
+impl std::fmt::Display for Held {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HeldDeletes")
+        f.write_str("Held")
     }
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for HeldDeletes {
+impl ObjectStore for Held {
     async fn put_opts(&self, l: &Path, p: PutPayload, o: PutOptions) -> Result<PutResult> {
         self.inner.put_opts(l, p, o).await
     }
@@ -48,13 +64,19 @@ impl ObjectStore for HeldDeletes {
         self.inner.put_multipart_opts(l, o).await
     }
     async fn get_opts(&self, l: &Path, o: GetOptions) -> Result<GetResult> {
+        let name = l.filename();
+        let mut held = self.hold_reads_of.subscribe();
+        if held.borrow_and_update().as_deref() == name {
+            self.reads_held.send_modify(|n| *n += 1);
+            let _ = held.wait_for(|held| held.as_deref() != name).await;
+        }
         self.inner.get_opts(l, o).await
     }
     fn delete_stream(
         &self,
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
-        let (inner, gate) = (Arc::clone(&self.inner), Arc::clone(&self.gate));
+        let (inner, gate) = (Arc::clone(&self.inner), Arc::clone(&self.deletes));
         locations
             .then(move |location| {
                 let (inner, gate) = (Arc::clone(&inner), Arc::clone(&gate));

@@ -191,6 +191,9 @@ fn fit_owned(
     let max_failures = run.failure_config.max_failures;
     let mut error = None;
     let mut number = 0u64;
+    // The copy of the checkpoint the next attempt restores, started ahead
+    // of it; dropped (stopped, its thread joined) before the site is.
+    let mut ahead = None;
     let preempted = loop {
         number += 1;
         ledger.begin_attempt();
@@ -249,8 +252,11 @@ fn fit_owned(
         // again below, once it is recorded) or the machine is going away:
         // the next ranks' checkpoint is copied meanwhile.
         if !stop_requested && max_failures.allows(ledger.failure_count() + 1) {
-            site.restore
-                .prefetch(Arc::clone(&ledger), resume_from.clone(), rt.handle());
+            ahead = Some(site.restore.prefetch(
+                Arc::clone(&ledger),
+                resume_from.clone(),
+                rt.handle(),
+            ));
         }
         let total = match ledger.record_failure(&failure) {
             Ok(total) => total,
@@ -304,6 +310,7 @@ fn fit_owned(
             },
         }));
     }
+    drop(ahead);
     drop(gang);
     drop(site);
     Ok(result)
