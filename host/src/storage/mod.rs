@@ -37,6 +37,7 @@ mod transfer;
 pub(crate) use conditional::Claim;
 pub(crate) use fence::Fence;
 pub(crate) use progress::Meter;
+pub(crate) use transfer::SINGLE_REQUEST_AT_MOST;
 
 /// A storage location: an object store and a prefix inside it.
 ///

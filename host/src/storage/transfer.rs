@@ -37,6 +37,9 @@ const MAX_PARTS_IN_FLIGHT: usize = 4;
 /// already mapped.)
 const SINGLE_REQUEST_BUFFERS: usize = 4;
 
+/// The largest file that goes to an object store in one request.
+pub(crate) const SINGLE_REQUEST_AT_MOST: u64 = (SINGLE_REQUEST_BUFFERS * PART_SIZE) as u64;
+
 impl Storage {
     /// Make the files [`Storage::upload_file`] wrote (`files`, relative to
     /// this storage) durable: they survive a power loss once this returns.
@@ -95,7 +98,7 @@ impl Storage {
         }
         let file = Arc::new(file);
         let mut hasher = FileDigest::new(known_sha256);
-        if size <= (SINGLE_REQUEST_BUFFERS * PART_SIZE) as u64 {
+        if size <= SINGLE_REQUEST_AT_MOST {
             let buffers = Buffer::take_many(size.div_ceil(PART_SIZE as u64).max(1) as usize).await;
             let (buffers, read) = read_into(relative, &file, buffers, Some(size)).await?;
             check_size(relative, size, read)?;

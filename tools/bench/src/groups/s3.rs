@@ -66,14 +66,18 @@ pub(crate) fn s3(quick: bool) -> Result<Vec<Row>> {
     let reps = Sampling::Standard.per_pass(quick);
     let uploader = Uploader::start(&aws, bucket, false)?;
     let options = &uploader.options;
-    // Files above one part (multipart uploads, each part hashed again for
-    // its signature), then files sent in one request each.
+    // Files of several pooled buffers sent in one request each, signed
+    // with the digest the manifest records; small files; and files above
+    // what one request takes (`trainhost::bench::SINGLE_REQUEST_AT_MOST`),
+    // sent in parts that are each hashed again for their signatures.
     let (mut rows, work) = uploader.rows(&[(if quick { 2 } else { 8 }, 16 << 20)], "big", reps)?;
     rows.extend(
         uploader
             .rows(&[(if quick { 16 } else { 128 }, 1 << 20)], "small", reps)?
             .0,
     );
+    let above = 2 * trainhost::bench::SINGLE_REQUEST_AT_MOST;
+    rows.extend(uploader.rows(&[(2, above)], "parts", reps)?.0);
     rows.extend(over_https(&aws, bucket, if quick { 2 } else { 8 }, reps)?);
     let blocked_runs = std::sync::atomic::AtomicUsize::new(0);
     // How long a guest waits in `report` when the checkpoint goes to S3.
