@@ -43,8 +43,27 @@ pub enum FailureKind {
     Host,
 }
 
-impl fmt::Display for RunFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl RunFailure {
+    /// The failure on one line: the rank, the kind and the message's first
+    /// line, without the evidence that follows it (a trap's wasm backtrace
+    /// and the rank's last lines of stderr): what a log line says when the
+    /// failure happens, before the run decides to restart or to fail.
+    ///
+    /// ```
+    /// use trainhost::{FailureKind, RunFailure};
+    /// let f = RunFailure {
+    ///     rank: Some(0),
+    ///     kind: FailureKind::Trap,
+    ///     message: "panicked at src/lib.rs:3:5: boom\nwasm backtrace: ..".into(),
+    /// };
+    /// assert_eq!(f.headline(), "rank 0 trapped: panicked at src/lib.rs:3:5: boom");
+    /// ```
+    pub fn headline(&self) -> String {
+        let first = self.message.lines().next().unwrap_or_default();
+        self.with_message(first)
+    }
+
+    fn with_message(&self, message: &str) -> String {
         let what = match self.kind {
             FailureKind::Trap => "trapped",
             FailureKind::GuestError => "returned an error",
@@ -56,9 +75,15 @@ impl fmt::Display for RunFailure {
             FailureKind::Host => "hit a host error",
         };
         match self.rank {
-            Some(rank) => write!(f, "rank {rank} {what}: {}", self.message),
-            None => write!(f, "{}", self.message),
+            Some(rank) => format!("rank {rank} {what}: {message}"),
+            None => message.to_owned(),
         }
+    }
+}
+
+impl fmt::Display for RunFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.with_message(&self.message))
     }
 }
 

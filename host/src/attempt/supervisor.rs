@@ -76,12 +76,12 @@ impl Supervisor {
         }
     }
 
-    /// Keep `failure` if it is the attempt's first; later ones are only
-    /// logged by their cause.
+    /// Keep `failure` if it is the attempt's first, and log its headline
+    /// (its evidence goes with the restart's log line or the run's error).
     pub fn record(&self, failure: RunFailure) {
         let mut slot = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
-            tracing::error!("{failure}");
+            tracing::error!("{}", failure.headline());
             *slot = Some(failure);
         }
     }

@@ -37,6 +37,8 @@ mod transfer;
 pub(crate) use conditional::Claim;
 pub(crate) use fence::Fence;
 pub(crate) use progress::Meter;
+// Only the benchmarks need it outside `storage`.
+#[cfg(feature = "bench")]
 pub(crate) use transfer::SINGLE_REQUEST_AT_MOST;
 
 /// A storage location: an object store and a prefix inside it.

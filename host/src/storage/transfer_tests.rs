@@ -14,7 +14,7 @@ async fn concurrent_uploads_share_the_buffers_and_complete() {
     let dir = tempfile::tempdir().unwrap();
     // Three buffers each in one request; five parts each.
     let single = 2 * PART_SIZE + 12_345;
-    let parts = SINGLE_REQUEST_BUFFERS * PART_SIZE + 12_345;
+    let parts = SINGLE_REQUEST_AT_MOST as usize + 12_345;
     let sizes = [single, parts, single, single, parts, single, single, parts];
     let files: Vec<(String, usize, String)> = sizes
         .iter()

@@ -280,8 +280,11 @@ fn fit_owned(
             MaxFailures::Unlimited => "no limit".to_owned(),
             MaxFailures::Limited(n) => format!("{total} of {n} allowed"),
         };
+        // The failure's evidence (a trap's backtrace, the rank's stderr)
+        // is logged here, or in the run's error when it is not restarted;
+        // where it happened only its headline is.
         tracing::warn!(
-            "failure {total} ({budget}): {failure}; restarting every rank from the latest committed checkpoint"
+            "failure {total} ({budget}), restarting every rank from the latest committed checkpoint: {failure}"
         );
     };
     if let Some(syncer) = syncer

@@ -102,6 +102,14 @@ fn a_failed_run_exits_non_zero_and_says_why() {
         "{stderr}"
     );
     assert!(stderr.contains("deliberate"), "{stderr}");
+    // The trap's evidence once, with the run's error; the log line at the
+    // failure gives its headline.
+    assert_eq!(stderr.matches("wasm backtrace").count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("last lines of its stderr").count(),
+        1,
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -360,6 +368,20 @@ fn max_failures_restarts_through_the_cli() {
                 .starts_with("rank 0 trapped: panicked at tests/guests/src/lib.rs")
                 && l.ends_with(": first attempt dies")
         }),
+        "{stderr}"
+    );
+    // The trap's evidence once, with the restart's log line.
+    let restart = stderr
+        .lines()
+        .position(|l| l.contains("restarting every rank"))
+        .expect(&stderr);
+    assert_eq!(stderr.matches("wasm backtrace").count(), 1, "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .nth(restart + 1)
+            .unwrap()
+            .contains("wasm backtrace"),
         "{stderr}"
     );
 }
