@@ -17,7 +17,11 @@
 //! Config (all optional): `num_epochs` (5), `checkpoint_freq` (1), `lr`
 //! (0.05), `num_samples` (100), `seed` (0), `sharded` (false),
 //! `fail_at_epoch` (none: panic at that epoch unless resumed from a
-//! checkpoint, to show crash recovery), `padding_mb` (0: extra MiB saved
+//! checkpoint, to show crash recovery), `fail_every` (0: none; panic at
+//! the first multiple of it once an attempt has run that many epochs, so
+//! that, with `checkpoint_freq` at most `fail_every`, every attempt
+//! commits a checkpoint before it fails and a run with `--max-failures
+//! -1` gets to the end), `padding_mb` (0: extra MiB saved
 //! with every checkpoint, standing in for a larger model), `hand_over`
 //! (false: hand each checkpoint directory over to the host instead of
 //! letting it copy the files; the loop writes every checkpoint afresh).
@@ -54,6 +58,10 @@ struct Config {
     seed: u64,
     sharded: bool,
     fail_at_epoch: Option<u32>,
+    /// Fail at a multiple of this many epochs once an attempt has run as
+    /// many (0: never). The crash campaign uses it for kills that land in
+    /// restarts.
+    fail_every: u32,
     /// Extra MiB saved with every checkpoint, standing in for a larger
     /// model (benchmarks and the crash campaign use it).
     padding_mb: u32,
@@ -71,6 +79,7 @@ impl Default for Config {
             seed: 0,
             sharded: false,
             fail_at_epoch: None,
+            fail_every: 0,
             padding_mb: 0,
             hand_over: false,
         }
@@ -117,6 +126,12 @@ fn train(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     for epoch in start_epoch..config.num_epochs {
         if config.fail_at_epoch == Some(epoch) && !resumed {
             panic!("injected failure at epoch {epoch} (fail_at_epoch)");
+        }
+        if config.fail_every > 0
+            && epoch % config.fail_every == 0
+            && epoch >= start_epoch + config.fail_every
+        {
+            panic!("injected failure at epoch {epoch} (fail_every)");
         }
         let loss = state.adam_step(&x, &y, config.lr);
         if rank == 0 {

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use trainhost::{
-    CheckpointConfig, OutputSink, RunConfig, ScalingConfig, StorageOptions, Stream, Trainer,
+    CheckpointConfig, FailureConfig, MaxFailures, OutputSink, RunConfig, ScalingConfig,
+    StorageOptions, Stream, Trainer,
 };
 
 use crate::store::Store;
@@ -40,6 +41,9 @@ pub struct HostArgs {
     config: String,
     #[arg(long)]
     workers: u32,
+    /// Restart after every failure of the guest (`--max-failures -1`).
+    #[arg(long)]
+    restart_always: bool,
 }
 
 /// Prints rank 0's lines on stdout, where the campaign reads them.
@@ -81,6 +85,13 @@ pub fn host(args: &HostArgs) -> anyhow::Result<()> {
                 num_to_keep: Some(KEEP),
                 ..Default::default()
             },
+            failure_config: FailureConfig {
+                max_failures: if args.restart_always {
+                    MaxFailures::Unlimited
+                } else {
+                    MaxFailures::default()
+                },
+            },
             ..Default::default()
         })
         .output(Arc::new(Rank0))
@@ -116,6 +127,7 @@ pub fn start(
         "padding_mb": c.padding_mb,
         "hand_over": c.hand_over,
         "sharded": c.sharded,
+        "fail_every": c.fail_every,
     })
     .to_string();
     let token = format!("{}-{:?}", std::process::id(), Instant::now());
@@ -140,6 +152,13 @@ pub fn start(
     command.args(["--storage", &store.location(), "--name", run]);
     for option in store.option_args() {
         command.args(["--storage-option", &option]);
+    }
+    if c.fail_every > 0 {
+        command.arg(if c.nodes > 1 {
+            "--max-failures=-1"
+        } else {
+            "--restart-always"
+        });
     }
     let _ = std::fs::remove_file(result);
     let mut child = command

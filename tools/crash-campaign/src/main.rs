@@ -106,6 +106,12 @@ pub struct Campaign {
     /// `--nodes` above 1.
     #[arg(long)]
     pub trainhost: Option<PathBuf>,
+    /// The guest also panics once an attempt has run this many epochs (the
+    /// example's `fail_every`), and runs restart after every failure, so
+    /// that kills land in restarts too: while the failure is recorded and
+    /// the next attempt's checkpoint is restored. 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub fail_every: u32,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -179,6 +185,8 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
 
     let mut newest: Option<(u64, i64)> = None;
     let (mut kills, mut runs, mut resumes_checked) = (0u32, 0u32, 0u32);
+    // Restarts after the guest's own failures, over the complete runs.
+    let mut restarts = 0u64;
     // Each complete run gets a name of its own.
     let name = |runs: u32| format!("campaign-{runs}");
     while kills < c.kills {
@@ -192,7 +200,7 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
                 host.child.wait()?.success(),
                 "a resumed run failed to finish"
             );
-            store.check_complete(&run, &result, c.epochs)?;
+            restarts += store.check_complete(&run, &result, c.epochs)?;
             store.remove(&run)?;
             newest = None;
             runs += 1;
@@ -208,7 +216,7 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_micros(rng.below(span.as_micros() as u64)));
         if host.child.try_wait()?.is_some() {
             // It finished before the kill.
-            store.check_complete(&run, &result, c.epochs)?;
+            restarts += store.check_complete(&run, &result, c.epochs)?;
             store.remove(&run)?;
             newest = None;
             runs += 1;
@@ -256,8 +264,16 @@ fn campaign(c: &Campaign) -> anyhow::Result<()> {
     let run = name(runs);
     let mut host = start(c, &store, &run, &result)?;
     ensure!(host.child.wait()?.success(), "the final run failed");
-    store.check_complete(&run, &result, c.epochs)?;
+    restarts += store.check_complete(&run, &result, c.epochs)?;
     runs += 1;
+    if c.fail_every > 0 {
+        ensure!(
+            restarts > 0,
+            "--fail-every {} made no run restart",
+            c.fail_every
+        );
+        println!("the complete runs restarted {restarts} times after the guest's failures");
+    }
     println!(
         "campaign passed: {kills} kills over {runs} runs, {resumes_checked} resumes checked against the newest committed checkpoint; every run finished with all epochs; nothing committed was lost"
     );

@@ -86,7 +86,7 @@ impl Store {
     /// `run` finished: its result (`result`, written by the run) lists
     /// every epoch as reported, and the latest checkpoint holds the last
     /// epoch and verifies.
-    pub fn check_complete(&self, run: &str, result: &Path, epochs: u32) -> anyhow::Result<()> {
+    pub fn check_complete(&self, run: &str, result: &Path, epochs: u32) -> anyhow::Result<u64> {
         let json: serde_json::Value = serde_json::from_slice(
             &std::fs::read(result)
                 .with_context(|| format!("the run wrote no {}", result.display()))?,
@@ -112,6 +112,7 @@ impl Store {
             newest.1,
             epochs - 1
         );
-        Ok(())
+        // Over the run's life, its earlier processes included.
+        Ok(json["failures"].as_u64().unwrap_or(0))
     }
 }

@@ -1,5 +1,6 @@
 //! A short campaign, as CI runs it: a real host process killed with
-//! SIGKILL ten times.
+//! SIGKILL ten times, while the guest also fails every 5 epochs and the
+//! run restarts, so that kills land in restarts too.
 
 #[test]
 fn ten_kills_lose_nothing() {
@@ -13,6 +14,8 @@ fn ten_kills_lose_nothing() {
             "10",
             "--epochs",
             "150",
+            "--fail-every",
+            "5",
         ])
         .arg("--dir")
         .arg(dir.path().join("store"))
@@ -25,4 +28,5 @@ fn ten_kills_lose_nothing() {
         stdout.contains("campaign passed: 10 kills over"),
         "{stdout}"
     );
+    assert!(stdout.contains("the complete runs restarted"), "{stdout}");
 }
