@@ -41,9 +41,10 @@ pub struct HostArgs {
     config: String,
     #[arg(long)]
     workers: u32,
-    /// Restart after every failure of the guest (`--max-failures -1`).
-    #[arg(long)]
-    restart_always: bool,
+    /// As the command line takes it: 0 fails at the first failure, -1
+    /// never gives up.
+    #[arg(long, default_value = "0", allow_hyphen_values = true)]
+    max_failures: MaxFailures,
 }
 
 /// Prints rank 0's lines on stdout, where the campaign reads them.
@@ -86,11 +87,7 @@ pub fn host(args: &HostArgs) -> anyhow::Result<()> {
                 ..Default::default()
             },
             failure_config: FailureConfig {
-                max_failures: if args.restart_always {
-                    MaxFailures::Unlimited
-                } else {
-                    MaxFailures::default()
-                },
+                max_failures: args.max_failures,
             },
             ..Default::default()
         })
@@ -154,11 +151,8 @@ pub fn start(
         command.args(["--storage-option", &option]);
     }
     if c.fail_every > 0 {
-        command.arg(if c.nodes > 1 {
-            "--max-failures=-1"
-        } else {
-            "--restart-always"
-        });
+        // The command line's flag; `host` mode takes it alike.
+        command.arg("--max-failures=-1");
     }
     let _ = std::fs::remove_file(result);
     let mut child = command
