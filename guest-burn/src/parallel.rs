@@ -43,10 +43,12 @@ where
 
 /// Replace the gradients of `model`'s parameters in `grads` by what
 /// `reduce` makes of them, all in one `f32` buffer in the module's order.
+/// The buffer is a `Vec` so that the all-reduce can replace it with its
+/// result instead of copying the result into it.
 fn reduce_gradients<B, M>(
     grads: GradientsParams,
     model: &M,
-    reduce: impl FnOnce(&mut [f32]) -> Result<(), Error>,
+    reduce: impl FnOnce(&mut Vec<f32>) -> Result<(), Error>,
 ) -> Result<GradientsParams, Error>
 where
     B: AutodiffBackend,

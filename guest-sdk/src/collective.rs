@@ -113,31 +113,74 @@ pub fn all_gather(data: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
 
 /// Replace `data` on every rank with the element-wise combination of every
 /// rank's `data`. Every rank passes the same number of elements. Works on
-/// `f32`, `f64` and `i64` (without [`Op::Mean`]).
-pub fn all_reduce<T: Reducible>(data: &mut [T], op: Op) -> Result<(), CollectiveError> {
-    T::all_reduce(data, op)
+/// `f32`, `f64` and `i64` (without [`Op::Mean`]), in a `Vec`, a slice or an
+/// array ([`Buffer`]).
+///
+/// The result arrives as a new list in the guest's memory. A `Vec` is
+/// replaced by it, without a copy (its capacity becomes its length, and its
+/// old allocation is freed); a slice or an array gets the result copied
+/// into it, one more pass over the values. For large buffers pass the `Vec`
+/// itself (`&mut grads`, not `&mut grads[..]`), or keep the values in host
+/// tensors ([`crate::tensor::all_reduce`]), which never cross into the
+/// guest. On an error `data` is unchanged.
+pub fn all_reduce<B: Buffer + ?Sized>(data: &mut B, op: Op) -> Result<(), CollectiveError> {
+    data.all_reduce(op)
+}
+
+/// What [`all_reduce`] combines in place: a `Vec`, a slice or an array of a
+/// [`Reducible`] type.
+pub trait Buffer: sealed::Buffer {
+    #[doc(hidden)]
+    fn all_reduce(&mut self, op: Op) -> Result<(), CollectiveError>;
+}
+
+impl<T: Reducible> Buffer for Vec<T> {
+    fn all_reduce(&mut self, op: Op) -> Result<(), CollectiveError> {
+        *self = T::combine(self, op)?;
+        Ok(())
+    }
+}
+
+impl<T: Reducible> Buffer for [T] {
+    fn all_reduce(&mut self, op: Op) -> Result<(), CollectiveError> {
+        let result = T::combine(self, op)?;
+        self.copy_from_slice(&result);
+        Ok(())
+    }
+}
+
+impl<T: Reducible, const N: usize> Buffer for [T; N] {
+    fn all_reduce(&mut self, op: Op) -> Result<(), CollectiveError> {
+        self.as_mut_slice().all_reduce(op)
+    }
 }
 
 /// A type [`all_reduce`] combines: `f32`, `f64`, `i64`.
 pub trait Reducible: Copy + sealed::Sealed {
+    /// Every rank's `data` combined, as the host returns it.
     #[doc(hidden)]
-    fn all_reduce(data: &mut [Self], op: Op) -> Result<(), CollectiveError>;
+    fn combine(data: &[Self], op: Op) -> Result<Vec<Self>, CollectiveError>;
 }
 
 mod sealed {
+    use super::Reducible;
+
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
     impl Sealed for i64 {}
+
+    pub trait Buffer {}
+    impl<T: Reducible> Buffer for Vec<T> {}
+    impl<T: Reducible> Buffer for [T] {}
+    impl<T: Reducible, const N: usize> Buffer for [T; N] {}
 }
 
 macro_rules! reducible {
     ($t:ty, $call:path) => {
         impl Reducible for $t {
-            fn all_reduce(data: &mut [Self], op: Op) -> Result<(), CollectiveError> {
-                let result = $call(data, op.into())?;
-                data.copy_from_slice(&result);
-                Ok(())
+            fn combine(data: &[Self], op: Op) -> Result<Vec<Self>, CollectiveError> {
+                Ok($call(data, op.into())?)
             }
         }
     };

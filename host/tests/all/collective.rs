@@ -126,6 +126,52 @@ fn every_operation_and_type_gives_every_rank_the_reference_result() {
     }
 }
 
+/// The SDK takes a `Vec` (replaced by the host's list), a slice or an array
+/// (the result copied in): the same result either way, and on an error the
+/// values stay as they were (the guest checks that).
+#[test]
+fn a_vec_a_slice_and_an_array_get_the_same_result() {
+    let ranks = 3;
+    let cases = [
+        ("f32", "sum", 100_003, "vec"),
+        ("f32", "sum", 100_003, "slice"),
+        ("f64", "mean", 1001, "slice"),
+        ("s64", "max", 4, "vec"),
+        ("s64", "max", 4, "slice"),
+        ("s64", "max", 4, "array"),
+        ("f32", "min", 4, "array"),
+    ];
+    let mut steps: Vec<Value> = cases
+        .iter()
+        .map(|(dtype, op, len, into)| {
+            json!({"all_reduce": dtype, "op": op, "len": len, "into": into})
+        })
+        .collect();
+    for into in ["vec", "slice", "array"] {
+        steps.push(json!({"all_reduce": "s64", "op": "mean", "len": 4, "into": into}));
+    }
+    let run = run(ranks, Value::Array(steps));
+    run.assert_ok();
+    let mut want: Vec<String> = cases
+        .iter()
+        .map(|(dtype, op, len, _)| expected(ranks, dtype, op, *len))
+        .collect();
+    want.extend(
+        ["vec", "slice", "array"]
+            .map(|_| "collective error: invalid collective call: the mean of s64".to_owned()),
+    );
+    for r in 0..ranks {
+        let out = run.stdout(r);
+        assert_eq!(out.len(), want.len(), "rank {r}: {out:?}");
+        for (line, want) in out.iter().zip(&want) {
+            assert!(
+                line.starts_with(want.as_str()),
+                "rank {r}: {line:?}, want {want:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_mean_of_integers_is_refused_on_every_rank_and_the_run_goes_on() {
     let run = run(

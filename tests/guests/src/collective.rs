@@ -5,14 +5,16 @@
 //!   `"bytes": N`, N bytes are sent instead of TEXT
 //! - `{"all_reduce": "f32" | "f64" | "s64", "len": N, "op": OP}`: reduces
 //!   [`value`]s of this rank; prints `all_reduce: N FNV` (FNV-1a of the
-//!   result's little-endian bytes)
+//!   result's little-endian bytes). `"into": "slice"` or `"array"` (N = 4)
+//!   passes the values as a slice or an array instead of a `Vec`; on an
+//!   error the values must be unchanged.
 //! - `{"collective_until_stopped": true}`: barriers until one fails, prints
 //!   the error, then calls once more (which stops the rank)
 //!
 //! A failed call prints `collective error: ...` and the script goes on.
 
 use serde_json::{Map, Value};
-use trainhost_guest::collective::{self, CollectiveError, Op};
+use trainhost_guest::collective::{self, CollectiveError, Op, Reducible};
 
 /// Element `i` of `rank`'s all-reduce input, as the tests compute it.
 pub fn value(rank: u32, i: usize) -> i64 {
@@ -58,27 +60,25 @@ pub fn run(
     } else if let Some(dtype) = step.get("all_reduce").and_then(Value::as_str) {
         let len = step.get("len").and_then(Value::as_u64).unwrap_or(0) as usize;
         let op = op(step.get("op").and_then(Value::as_str).unwrap_or("sum"))?;
+        let into = step.get("into").and_then(Value::as_str).unwrap_or("vec");
         let bytes: Result<Vec<u8>, CollectiveError> = match dtype {
             "f32" => {
-                let mut v: Vec<f32> = (0..len)
+                let v: Vec<f32> = (0..len)
                     .map(|i| value(rank, i) as f32 / 7.0 - 60.0)
                     .collect();
-                collective::all_reduce(&mut v, op)
-                    .map(|()| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                reduce_into(v, into, op)?.map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
             }
             "f64" => {
-                let mut v: Vec<f64> = (0..len)
+                let v: Vec<f64> = (0..len)
                     .map(|i| value(rank, i) as f64 / 7.0 - 60.0)
                     .collect();
-                collective::all_reduce(&mut v, op)
-                    .map(|()| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                reduce_into(v, into, op)?.map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
             }
             "s64" => {
-                let mut v: Vec<i64> = (0..len)
+                let v: Vec<i64> = (0..len)
                     .map(|i| (value(rank, i) - 500) * (i64::MAX / 600))
                     .collect();
-                collective::all_reduce(&mut v, op)
-                    .map(|()| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                reduce_into(v, into, op)?.map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
             }
             other => return Err(format!("unknown dtype {other}")),
         };
@@ -102,4 +102,33 @@ pub fn run(
         Err(e) => println!("collective error: {e}"),
     }
     Ok(true)
+}
+
+/// All-reduce `v` passed as `into` says (a `Vec`, a slice or an array of
+/// 4), checking that an error leaves it unchanged.
+fn reduce_into<T: Reducible + PartialEq + std::fmt::Debug>(
+    mut v: Vec<T>,
+    into: &str,
+    op: Op,
+) -> Result<Result<Vec<T>, CollectiveError>, String> {
+    let before = v.clone();
+    let outcome = match into {
+        "vec" => collective::all_reduce(&mut v, op),
+        "slice" => collective::all_reduce(v.as_mut_slice(), op),
+        "array" => {
+            let array: &mut [T; 4] = v
+                .as_mut_slice()
+                .try_into()
+                .map_err(|_| format!("\"into\": \"array\" takes 4 values, not {}", before.len()))?;
+            collective::all_reduce(array, op)
+        }
+        other => return Err(format!("unknown into {other}")),
+    };
+    match outcome {
+        Ok(()) => Ok(Ok(v)),
+        Err(e) if v == before => Ok(Err(e)),
+        Err(e) => Err(format!(
+            "the values changed although the all-reduce failed: {e}"
+        )),
+    }
 }
