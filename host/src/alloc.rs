@@ -165,6 +165,15 @@ fn with_shelf<R>(f: impl FnOnce(&mut Shelf, Instant, &mut Expired) -> R) -> R {
     r
 }
 
+/// A kept block of exactly `layout`, if it is large enough to be kept and
+/// one is waiting.
+fn shelved(layout: Layout) -> Option<*mut u8> {
+    if layout.size() < KEEP_FROM {
+        return None;
+    }
+    with_shelf(|shelf, now, expired| shelf.take(layout, now, expired))
+}
+
 /// Give `blocks` back to the system (outside the shelf's lock: unmapping
 /// takes a while).
 fn free(blocks: Expired) {
@@ -180,9 +189,7 @@ fn free(blocks: Expired) {
 // how the kernel backs pages.
 unsafe impl GlobalAlloc for HugePageAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() >= KEEP_FROM
-            && let Some(ptr) = with_shelf(|shelf, now, expired| shelf.take(layout, now, expired))
-        {
+        if let Some(ptr) = shelved(layout) {
             return ptr;
         }
         // SAFETY: the caller's contract is passed on.
@@ -196,9 +203,7 @@ unsafe impl GlobalAlloc for HugePageAllocator {
         // fresh pages, without the faults. Taking kept blocks for zeroed
         // requests too keeps the shelf from filling up with blocks freed
         // after such requests while nothing takes them.
-        if layout.size() >= KEEP_FROM
-            && let Some(ptr) = with_shelf(|shelf, now, expired| shelf.take(layout, now, expired))
-        {
+        if let Some(ptr) = shelved(layout) {
             // SAFETY: the block is `layout.size()` bytes, and now the
             // caller's alone.
             unsafe { ptr.write_bytes(0, layout.size()) };
@@ -307,7 +312,7 @@ mod tests {
     }
 
     #[test]
-    fn a_freed_large_block_is_handed_out_again_and_usable() {
+    fn a_freed_large_block_is_handed_out_again_zeroed_if_asked() {
         // Through the process's shelf: a size no other test uses.
         let a = HugePageAllocator;
         let l = layout(KEEP_FROM + 3 * 4096);
@@ -320,27 +325,14 @@ mod tests {
             let q = a.alloc(l);
             assert_eq!(q, p, "the kept block is handed out again");
             // Usable as a fresh block: written and read end to end.
-            q.write_bytes(3, l.size());
-            assert_eq!(*q.add(l.size() - 1), 3);
+            q.write_bytes(0xab, l.size());
+            assert_eq!(*q.add(l.size() - 1), 0xab);
             a.dealloc(q, l);
-        }
-    }
-
-    #[test]
-    fn a_kept_block_handed_out_for_a_zeroed_request_is_zeroed() {
-        // Through the process's shelf: a size no other test uses.
-        let a = HugePageAllocator;
-        let l = layout(KEEP_FROM + 5 * 4096);
-        // SAFETY: a non-zero layout; each block is freed with it.
-        unsafe {
-            let p = a.alloc(l);
-            p.write_bytes(0xab, l.size());
-            a.dealloc(p, l);
-            let q = a.alloc_zeroed(l);
-            assert_eq!(q, p, "the kept block is handed out again");
-            let block = std::slice::from_raw_parts(q, l.size());
+            let z = a.alloc_zeroed(l);
+            assert_eq!(z, p, "and to a request for zeroed memory");
+            let block = std::slice::from_raw_parts(z, l.size());
             assert!(block.iter().all(|b| *b == 0));
-            a.dealloc(q, l);
+            a.dealloc(z, l);
         }
     }
 
