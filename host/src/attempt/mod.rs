@@ -388,6 +388,12 @@ impl Shared {
     /// Fail the attempt on this node only: another node failed it.
     fn fail_here(&self, failure: RunFailure) {
         self.supervisor.record(failure);
+        if let Some(recorder) = &self.recorder {
+            // Before the task stores the history after the failed
+            // attempt's last commit: the run stores it with the failure's
+            // record, beside the next attempt's start.
+            recorder.leave_history();
+        }
         self.stop();
     }
 

@@ -47,6 +47,11 @@ pub(super) struct Shared {
     pub queued: AtomicUsize,
     /// Lines added to the history in memory but not yet stored.
     pub unwritten: AtomicBool,
+    /// The attempt failed: the run stores the history with the failure's
+    /// record while the next attempt starts (see `ledger::writes`), so the
+    /// task stores it only before a commit (R9), not while idle or at the
+    /// end.
+    pub history_left: AtomicBool,
 }
 
 impl Shared {

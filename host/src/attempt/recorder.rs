@@ -106,9 +106,16 @@ impl Recorder {
         }
     }
 
-    /// The storage failure that stopped the writing task, if any.
+    /// The storage failure that stopped the writing task, or the run's
+    /// record left behind by the restart before this attempt, if any.
     pub fn failure(&self) -> Option<RecordFailed> {
-        self.shared.failure()
+        (self.shared.failure()).or_else(|| self.ledger.behind_failure().map(RecordFailed::Storage))
+    }
+
+    /// The attempt failed: leave the history to the run, which stores it
+    /// with the failure's record (see `ledger::writes`).
+    pub fn leave_history(&self) {
+        self.shared.history_left.store(true, Ordering::Release);
     }
 
     /// Record a report whose files are planned: `plan` holds this node's,

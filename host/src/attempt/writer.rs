@@ -71,12 +71,12 @@ pub(super) async fn write_reports(
                     match received {
                         Some(message) => message,
                         None => {
-                            let _ = writer.write_history().await;
+                            let _ = writer.store_lines().await;
                             return;
                         }
                     }
                 } else {
-                    let _ = writer.write_history().await;
+                    let _ = writer.store_lines().await;
                     match rx.recv().await {
                         Some(message) => message,
                         None => return,
@@ -86,7 +86,7 @@ pub(super) async fn write_reports(
         };
         match message {
             Message::Flush(tx) => {
-                let _ = writer.write_history().await;
+                let _ = writer.store_lines().await;
                 let _ = tx.send(());
             }
             Message::Unwritten => {}
@@ -134,6 +134,15 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// Store the history if lines are waiting, unless the run stores it
+    /// itself after this attempt's failure (`Shared::history_left`).
+    async fn store_lines(&mut self) -> Result<(), RecordFailed> {
+        if self.shared.history_left.load(Ordering::Acquire) {
+            return self.shared.failure().map_or(Ok(()), Err);
+        }
+        self.write_history().await
     }
 
     /// Commit the job's checkpoint, if any, and append the report to the

@@ -279,13 +279,15 @@ mod tests {
             kind: FailureKind::Host,
             message: "x".into(),
         };
-        let e = stale.record_failure(&failure).unwrap_err().to_string();
+        stale.note_failure(&failure);
+        let e = stale.store_now().unwrap_err().to_string();
         assert!(e.contains("changed since this host last wrote it"), "{e}");
 
         let dir = storage.child("checkpoint_000000");
         let kept = rt.block_on(dir.get("w")).unwrap().unwrap();
         assert_eq!(&kept[..], b"owner");
-        assert_eq!(owner.record_failure(&failure).unwrap(), 1);
+        assert_eq!(owner.note_failure(&failure), 1);
+        owner.store_now().unwrap();
         let reopened = open(&rt, &storage);
         assert_eq!(reopened.newest_first().len(), 1);
         assert_eq!(reopened.snapshot().2, [failure]);

@@ -15,11 +15,16 @@
 //! step 3 on the run state no longer names what is deleted. Opening an
 //! existing run repairs what a killed host can leave behind (`open.rs`).
 //!
+//! After a failure that is restarted, the run state naming it and the
+//! history are stored while the next attempt starts; whole-file writes
+//! land in the order their contents were taken (`writes.rs`).
+//!
 //! The ledger also owns the run's numbering: the index the next report and
 //! the next checkpoint get ([`Ledger::assign`]).
 
 mod commit;
 mod open;
+mod writes;
 
 use std::sync::{Arc, Mutex};
 
@@ -28,6 +33,7 @@ use tokio::runtime::Handle;
 
 pub(crate) use commit::{Committed, Uploaded};
 pub(crate) use open::LedgerOptions;
+use writes::Writes;
 
 use crate::config::Retention;
 use crate::error::Error;
@@ -92,6 +98,8 @@ pub(crate) struct Ledger {
     storage: Storage,
     handle: Handle,
     retention: Retention,
+    /// The order of the run state's and the history's writes.
+    writes: Writes,
     inner: Mutex<Inner>,
 }
 
@@ -178,6 +186,7 @@ impl Ledger {
     /// did (R27): a host that lost the run commits and deletes nothing
     /// more, since both follow a state write.
     async fn write_state(&self) -> Result<(), Error> {
+        let _in_order = self.writes.state.lock().await;
         let (json, version) = {
             let mut inner = self.lock();
             // The ledger's policy is the run's: a resumed run may change it
@@ -221,17 +230,6 @@ impl Ledger {
         self.lock().state.failures.len()
     }
 
-    /// Record a failure; returns how many the run has had in all.
-    pub fn record_failure(&self, failure: &RunFailure) -> Result<usize, Error> {
-        let count = {
-            let mut inner = self.lock();
-            inner.state.failures.push(failure.clone());
-            inner.state.failures.len()
-        };
-        self.handle.block_on(self.write_state())?;
-        Ok(count)
-    }
-
     /// Add report `report_index` to the history in memory; `write_history`
     /// stores it (step 5).
     pub fn append_report(&self, report_index: u64, metrics: Metrics, checkpoint: Option<u64>) {
@@ -249,6 +247,7 @@ impl Ledger {
     /// Store the metrics history as it is in memory, and its TensorBoard
     /// event file after it.
     pub async fn write_history(&self) -> Result<(), Error> {
+        let _in_order = self.writes.history.lock().await;
         let (bytes, events) = {
             let inner = self.lock();
             let events = inner.events.as_ref().map(EventFile::to_bytes);

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use tokio::runtime::Handle;
 
-use super::{Inner, Ledger, Numbering};
+use super::{Inner, Ledger, Numbering, Writes};
 use crate::config::Retention;
 use crate::error::Error;
 use crate::record::layout::{self, FORMAT, RUN_STATE};
@@ -129,6 +129,7 @@ impl Ledger {
             storage,
             handle,
             retention: options.retention,
+            writes: Writes::default(),
             inner: Mutex::new(Inner {
                 state,
                 events: options

@@ -1,6 +1,6 @@
-//! A store in memory whose deletes or reads wait until a test lets them
-//! through, for tests of what must not wait on storage and of what stops
-//! while it waits.
+//! A store in memory whose deletes, reads or writes wait until a test lets
+//! them through, for tests of what must not wait on storage, of what stops
+//! while it waits, and of the order writes land in.
 
 use std::sync::Arc;
 
@@ -24,6 +24,11 @@ pub struct Held {
     pub hold_reads_of: watch::Sender<Option<String>>,
     /// Counts the reads that came while held.
     pub reads_held: watch::Sender<usize>,
+    /// While it names a file, writes of a file of that name wait until it
+    /// is cleared.
+    pub hold_puts_of: watch::Sender<Option<String>>,
+    /// Counts the writes that came while held.
+    pub puts_held: watch::Sender<usize>,
 }
 
 impl Held {
@@ -34,10 +39,13 @@ impl Held {
             deletes: Arc::new(Semaphore::new(0)),
             hold_reads_of: watch::Sender::new(None),
             reads_held: watch::Sender::new(0),
+            hold_puts_of: watch::Sender::new(None),
+            puts_held: watch::Sender::new(0),
         }
     }
 
-    /// Deletes go through; reads are held once `hold_reads_of` is set.
+    /// Deletes go through; reads and writes are held once `hold_reads_of`
+    /// or `hold_puts_of` is set.
     pub fn reads() -> Self {
         let held = Self::deletes();
         held.deletes.add_permits(Semaphore::MAX_PERMITS);
@@ -54,6 +62,7 @@ impl std::fmt::Display for Held {
 #[async_trait::async_trait]
 impl ObjectStore for Held {
     async fn put_opts(&self, l: &Path, p: PutPayload, o: PutOptions) -> Result<PutResult> {
+        hold(l, &self.hold_puts_of, &self.puts_held).await;
         self.inner.put_opts(l, p, o).await
     }
     async fn put_multipart_opts(
@@ -64,12 +73,7 @@ impl ObjectStore for Held {
         self.inner.put_multipart_opts(l, o).await
     }
     async fn get_opts(&self, l: &Path, o: GetOptions) -> Result<GetResult> {
-        let name = l.filename();
-        let mut held = self.hold_reads_of.subscribe();
-        if held.borrow_and_update().as_deref() == name {
-            self.reads_held.send_modify(|n| *n += 1);
-            let _ = held.wait_for(|held| held.as_deref() != name).await;
-        }
+        hold(l, &self.hold_reads_of, &self.reads_held).await;
         self.inner.get_opts(l, o).await
     }
     fn delete_stream(
@@ -96,5 +100,15 @@ impl ObjectStore for Held {
     }
     async fn copy_opts(&self, from: &Path, to: &Path, o: CopyOptions) -> Result<()> {
         self.inner.copy_opts(from, to, o).await
+    }
+}
+
+/// Wait while `of` names `l`'s file, counting the wait in `count`.
+async fn hold(l: &Path, of: &watch::Sender<Option<String>>, count: &watch::Sender<usize>) {
+    let name = l.filename();
+    let mut held = of.subscribe();
+    if held.borrow_and_update().as_deref() == name {
+        count.send_modify(|n| *n += 1);
+        let _ = held.wait_for(|held| held.as_deref() != name).await;
     }
 }

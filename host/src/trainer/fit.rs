@@ -249,7 +249,7 @@ fn fit_owned(
             break preempted;
         };
         // A restart follows unless this failure is one too many (checked
-        // again below, once it is recorded) or the machine is going away:
+        // again below) or the machine is going away:
         // the next ranks' checkpoint is copied meanwhile.
         if !stop_requested && max_failures.allows(ledger.failure_count() + 1) {
             ahead = Some(site.restore.prefetch(
@@ -258,24 +258,29 @@ fn fit_owned(
                 rt.handle(),
             ));
         }
-        let total = match ledger.record_failure(&failure) {
-            Ok(total) => total,
-            Err(e) => {
-                // Storage is failing as well; a restart could not commit
-                // anything either. Committed checkpoints stay.
+        let total = ledger.note_failure(&failure);
+        // The previous restart's record must have landed before this one
+        // is left behind (a guest failing at once while storage is down
+        // restarts no faster than storage answers); if it could not be
+        // stored, storage is failing and a restart could not commit
+        // anything either. A machine going away is no place to restart.
+        let behind = ledger.finish_behind();
+        if stop_requested || !max_failures.allows(total) || behind.is_err() {
+            let stored = behind.and_then(|()| ledger.store_now());
+            if let Err(e) = stored {
                 tracing::error!(
                     "cannot record the failure in storage ({}); not restarting",
-                    crate::error::chain(&e)
+                    crate::error::chain(e.as_ref())
                 );
-                error = Some(failure);
-                break preempted;
             }
-        };
-        // A machine going away is no place to restart.
-        if stop_requested || !max_failures.allows(total) {
             error = Some(failure);
             break preempted;
         }
+        // The failure's record and the history are stored while the next
+        // attempt starts (see `ledger::writes`); if they cannot be, that
+        // attempt fails with the storage error and the run ends there.
+        // Committed checkpoints stay.
+        ledger.store_behind();
         let budget = match max_failures {
             MaxFailures::Unlimited => "no limit".to_owned(),
             MaxFailures::Limited(n) => format!("{total} of {n} allowed"),
@@ -287,6 +292,17 @@ fn fit_owned(
             "failure {total} ({budget}), restarting every rank from the latest committed checkpoint: {failure}"
         );
     };
+    if let Err(e) = ledger.finish_behind() {
+        tracing::error!(
+            "cannot record a failure in storage ({})",
+            crate::error::chain(e.as_ref())
+        );
+        error.get_or_insert(RunFailure {
+            rank: None,
+            kind: FailureKind::Storage,
+            message: crate::error::chain(e.as_ref()),
+        });
+    }
     if let Some(syncer) = syncer
         && let Err(e) = syncer.finish()
     {

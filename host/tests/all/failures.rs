@@ -80,6 +80,19 @@ fn unlimited_failures_survive_three_crashes() {
         run.result.metrics.as_ref().unwrap().get("done"),
         Some(&MetricValue::Boolean(true))
     );
+    // Each failure's record and the history were stored beside the next
+    // attempt's start (R53), and all of them landed before the run
+    // returned: storage holds every failure and every report.
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.dir().join("trainhost-run.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        state["failures"].as_array().map(Vec::len),
+        Some(3),
+        "{state}"
+    );
+    let stored = std::fs::read_to_string(run.dir().join("metrics.jsonl")).unwrap();
+    assert_eq!(stored.lines().count(), run.result.metrics_history.len());
 }
 
 #[test]
