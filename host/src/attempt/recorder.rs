@@ -109,7 +109,9 @@ impl Recorder {
     /// The storage failure that stopped the writing task, or the run's
     /// record left behind by the restart before this attempt, if any.
     pub fn failure(&self) -> Option<RecordFailed> {
-        (self.shared.failure()).or_else(|| self.ledger.behind_failure().map(RecordFailed::Storage))
+        self.shared
+            .failure()
+            .or_else(|| self.ledger.behind_failure().map(RecordFailed::Storage))
     }
 
     /// The attempt failed: leave the history to the run, which stores it

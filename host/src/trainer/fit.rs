@@ -292,7 +292,12 @@ fn fit_owned(
             "failure {total} ({budget}), restarting every rank from the latest committed checkpoint: {failure}"
         );
     };
-    if let Err(e) = ledger.finish_behind() {
+    // A run that ended on a failure waited for the writes left behind
+    // above, and logged their failure; one whose last attempt succeeded
+    // may still have the previous failure's record in flight.
+    if error.is_none()
+        && let Err(e) = ledger.finish_behind()
+    {
         tracing::error!(
             "cannot record a failure in storage ({})",
             crate::error::chain(e.as_ref())
