@@ -8,7 +8,7 @@ use serde_json::json;
 use trainhost::{FailureConfig, MaxFailures, RunConfig, Trainer};
 use trainhost_test_artifacts::BENCH_GUEST;
 
-use crate::common::{Lines, Paired, Row, Sampling, local_run};
+use crate::common::{Lines, Paired, Row, Sampling, local_run, sync};
 use crate::goals;
 use crate::load::Load;
 
@@ -31,6 +31,10 @@ pub(crate) fn restart(quick: bool, cache: &Path) -> Result<Vec<Row>> {
     for (under, cpu, writer) in loads {
         let loaded = cpu || writer;
         let mut pairs = Paired::default();
+        // Each load starts on a settled disk: the groups before this one
+        // leave gigabytes written and deleted, whose write-back would
+        // otherwise land in the first loads' samples as an unstated load.
+        sync();
         let load = loaded.then(|| Load::start(cpu, writer)).transpose()?;
         // A restart takes tens of milliseconds: more samples are cheap.
         for _ in 0..Sampling::Standard.per_pass(quick) {
