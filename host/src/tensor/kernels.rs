@@ -206,13 +206,19 @@ pub fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), TensorErr
 
 /// `x = f(x)`.
 pub fn activate(x: &mut Tensor, f: Activation) {
-    let apply: fn(f32) -> f32 = match f {
-        Activation::Relu => |v| v.max(0.0),
-        Activation::Tanh => f32::tanh,
-        Activation::Sigmoid => |v| 1.0 / (1.0 + (-v).exp()),
-        Activation::Exp => f32::exp,
-    };
-    x.data.iter_mut().for_each(|v| *v = apply(*v));
+    // One loop per function, each with its function inlined: through a
+    // function pointer every element cost a call, and ReLU did not
+    // vectorize (about 1 ns an element, a fifth of the digits example's
+    // step with `activate_backward`).
+    fn each(data: &mut [f32], f: impl Fn(f32) -> f32) {
+        data.iter_mut().for_each(|v| *v = f(*v));
+    }
+    match f {
+        Activation::Relu => each(&mut x.data, |v| v.max(0.0)),
+        Activation::Tanh => each(&mut x.data, f32::tanh),
+        Activation::Sigmoid => each(&mut x.data, |v| 1.0 / (1.0 + (-v).exp())),
+        Activation::Exp => each(&mut x.data, f32::exp),
+    }
 }
 
 /// `grad = grad * f'`, with `f'` from `output = f(input)`.
@@ -222,14 +228,18 @@ pub fn activate_backward(
     f: Activation,
 ) -> Result<(), TensorError> {
     same_shape("grad", grad, "output", output)?;
-    let derivative: fn(f32) -> f32 = match f {
-        Activation::Relu => |y| if y > 0.0 { 1.0 } else { 0.0 },
-        Activation::Tanh => |y| 1.0 - y * y,
-        Activation::Sigmoid => |y| y * (1.0 - y),
-        Activation::Exp => |y| y,
-    };
-    for (g, y) in grad.data.iter_mut().zip(&output.data) {
-        *g *= derivative(*y);
+    // One loop per function, as in `activate`.
+    fn each(grad: &mut [f32], output: &[f32], derivative: impl Fn(f32) -> f32) {
+        for (g, y) in grad.iter_mut().zip(output) {
+            *g *= derivative(*y);
+        }
+    }
+    let (g, y) = (&mut grad.data, &output.data);
+    match f {
+        Activation::Relu => each(g, y, |y| if y > 0.0 { 1.0 } else { 0.0 }),
+        Activation::Tanh => each(g, y, |y| 1.0 - y * y),
+        Activation::Sigmoid => each(g, y, |y| y * (1.0 - y)),
+        Activation::Exp => each(g, y, |y| y),
     }
     Ok(())
 }

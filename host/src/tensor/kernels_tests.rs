@@ -303,6 +303,47 @@ fn activation_gradients_match_finite_differences() {
     }
 }
 
+/// ReLU and its gradient over a tensor long enough for vector loops and
+/// their remainders, with the values a vector `max` or compare could get
+/// wrong: NaN, infinities, signed zeros and subnormals. The results are
+/// the scalar definitions', element by element.
+#[test]
+fn relu_and_its_gradient_agree_with_the_scalar_definition_on_odd_values() {
+    let special = [
+        f32::NAN,
+        -f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE / 2.0,
+        -f32::MIN_POSITIVE / 2.0,
+        f32::MAX,
+        f32::MIN,
+    ];
+    let n = 67;
+    let x: Vec<f32> = (0..n)
+        .map(|i| match i % 3 {
+            0 => special[(i / 3) % special.len()],
+            _ => (i as f32 - 30.0) / 7.0,
+        })
+        .collect();
+    let mut y = Tensor::from_vec(&[n as u32], x.clone()).unwrap();
+    activate(&mut y, Activation::Relu);
+    for (i, (y, x)) in y.values().iter().zip(&x).enumerate() {
+        let want = x.max(0.0);
+        assert!(*y == want, "element {i}: relu({x}) = {y}, not {want}");
+    }
+    // The gradient of ones, through outputs that are the same odd values.
+    let mut grad = Tensor::from_vec(&[n as u32], vec![1.5; n]).unwrap();
+    let output = Tensor::from_vec(&[n as u32], x.clone()).unwrap();
+    activate_backward(&mut grad, &output, Activation::Relu).unwrap();
+    for (i, (g, y)) in grad.values().iter().zip(&x).enumerate() {
+        let want = if *y > 0.0 { 1.5 } else { 0.0 };
+        assert_eq!(*g, want, "element {i}: output {y}");
+    }
+}
+
 #[test]
 fn softmax_cross_entropy_loss_accuracy_and_gradient() {
     let logits = t(&[4, 3], 7);
