@@ -16,8 +16,10 @@ type Answer = wasmtime::Result<Result<(), CollectiveError>>;
 impl RankState {
     /// One all-reduce of the values of `ts`, one after the other. One
     /// tensor's values are moved to the exchange and come back combined in
-    /// the same buffer (R33); several are gathered into one buffer first.
-    /// On an error every tensor holds zeros.
+    /// the same buffer (R33); several are gathered into one buffer first,
+    /// and the combined values copied back into the tensors' own buffers
+    /// (no allocation per tensor and call). On an error every tensor holds
+    /// zeros.
     pub(super) async fn all_reduce_tensors(
         &mut self,
         ts: &[Resource<Tensor>],
@@ -42,7 +44,7 @@ impl RankState {
                     .sum::<wasmtime::Result<usize>>()?;
                 let mut all = Vec::with_capacity(total);
                 for t in ts {
-                    all.extend_from_slice(&self.table.get_mut(t)?.take_values());
+                    all.extend_from_slice(self.table.get(t)?.values());
                 }
                 all
             }
@@ -66,7 +68,7 @@ impl RankState {
                     for t in ts {
                         let tensor = self.table.get_mut(t)?;
                         let n = tensor.value_count();
-                        tensor.put_values(rest[..n].to_vec())?;
+                        tensor.assign(&rest[..n])?;
                         rest = &rest[n..];
                     }
                 }

@@ -162,7 +162,8 @@ impl Tensor {
     /// Zeros in place of values an exchange did not give back.
     pub fn refill_zeros(&mut self) {
         let n: usize = self.shape.iter().product();
-        self.data = vec![0.0; n];
+        self.data.clear();
+        self.data.resize(n, 0.0);
     }
 
     /// `[rows, cols]` of a rank-2 tensor; `what` names it in the error.
