@@ -334,7 +334,8 @@ fn relu_and_its_gradient_agree_with_the_scalar_definition_on_odd_values() {
         let want = x.max(0.0);
         assert!(*y == want, "element {i}: relu({x}) = {y}, not {want}");
     }
-    // The gradient of ones, through outputs that are the same odd values.
+    // A gradient of 1.5 everywhere, through outputs that are the same odd
+    // values.
     let mut grad = Tensor::from_vec(&[n as u32], vec![1.5; n]).unwrap();
     let output = Tensor::from_vec(&[n as u32], x.clone()).unwrap();
     activate_backward(&mut grad, &output, Activation::Relu).unwrap();
