@@ -4,7 +4,11 @@
 //!
 //! A kernel that writes into one of its arguments takes that tensor out
 //! of the table while it runs, so that it can read the others in place;
-//! passing the same tensor as output and input is refused.
+//! passing the same tensor as output and input, or as two outputs, is
+//! refused.
+//!
+//! Every import of the interface is here, each a few lines over its
+//! kernel: they share the table helpers, which is why the file is long.
 
 use wasmtime::component::{Resource, ResourceTableError};
 
@@ -66,22 +70,54 @@ impl RankState {
         }
     }
 
-    /// Run `kernel` on the tensor `out` (written) and `inputs` (read).
+    /// Run `kernel` (`name` in the interface) on the tensor `out`
+    /// (written) and `inputs` (read).
     fn with_output<R>(
         &mut self,
+        name: &str,
         out: &Resource<Tensor>,
         inputs: &[&Resource<Tensor>],
         kernel: impl FnOnce(&mut Tensor, &[&Tensor]) -> Result<R, Refused>,
     ) -> Answer<R> {
+        self.with_outputs(name, std::slice::from_ref(&out), inputs, |outs, inputs| {
+            kernel(&mut outs[0], inputs)
+        })
+    }
+
+    /// Run `kernel` (`name` in the interface) on the tensors `outs`
+    /// (written, in that order) and `inputs` (read). A tensor written must
+    /// appear once and not among those read: the call is refused otherwise.
+    fn with_outputs<R>(
+        &mut self,
+        name: &str,
+        outs: &[&Resource<Tensor>],
+        inputs: &[&Resource<Tensor>],
+        kernel: impl FnOnce(&mut [Tensor], &[&Tensor]) -> Result<R, Refused>,
+    ) -> Answer<R> {
         self.check_running()?;
-        if inputs.iter().any(|i| i.rep() == out.rep()) {
-            return Ok(Err(TensorError::Invalid(
-                "the tensor a kernel writes cannot also be one it reads".into(),
-            )));
+        let mut written: Vec<u32> = outs.iter().map(|o| o.rep()).collect();
+        written.sort_unstable();
+        if written.windows(2).any(|w| w[0] == w[1])
+            || inputs
+                .iter()
+                .any(|i| written.binary_search(&i.rep()).is_ok())
+        {
+            return Ok(Err(TensorError::Invalid(format!(
+                "{name}: each tensor it writes must be a tensor of its own, passed once and not also as one it reads"
+            ))));
         }
-        // Out of the table while the kernel runs; an empty tensor stands
-        // in, and the table gets it back whatever the kernel did.
-        let mut taken = std::mem::replace(self.table.get_mut(out)?, Tensor::empty());
+        // Out of the table while the kernel runs; empty tensors stand in,
+        // and the table gets them back whatever the kernel did.
+        let mut taken = Vec::with_capacity(outs.len());
+        for out in outs {
+            match self.table.get_mut(out) {
+                Ok(t) => taken.push(std::mem::replace(t, Tensor::empty())),
+                Err(e) => {
+                    self.put_back(outs, taken)?;
+                    return Err(e.into());
+                }
+            }
+        }
         let result: Result<Result<R, Refused>, ResourceTableError> = (|| {
             let inputs = inputs
                 .iter()
@@ -89,12 +125,24 @@ impl RankState {
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(kernel(&mut taken, &inputs))
         })();
-        *self.table.get_mut(out)? = taken;
+        self.put_back(outs, taken)?;
         match result? {
             Ok(r) => Ok(Ok(r)),
             Err(Refused::Stopped) => Err(wasmtime::Error::new(StoppedByHost)),
             Err(e) => Ok(Err(refused(e))),
         }
+    }
+
+    /// Return the tensors [`Self::with_outputs`] took to their places.
+    fn put_back(
+        &mut self,
+        outs: &[&Resource<Tensor>],
+        taken: Vec<Tensor>,
+    ) -> Result<(), ResourceTableError> {
+        for (out, t) in outs.iter().zip(taken) {
+            *self.table.get_mut(out)? = t;
+        }
+        Ok(())
     }
 }
 
@@ -132,7 +180,7 @@ impl tensors::HostTensor for RankState {
     }
 
     fn assign(&mut self, t: Resource<Tensor>, data: Vec<f32>) -> Answer<()> {
-        self.with_output(&t, &[], |t, _| t.assign(&data))
+        self.with_output("assign", &t, &[], |t, _| t.assign(&data))
     }
 
     fn drop(&mut self, t: Resource<Tensor>) -> wasmtime::Result<()> {
@@ -155,7 +203,7 @@ impl tensors::Host for RankState {
     ) -> Answer<()> {
         let attempt = self.attempt.clone();
         let threads = self.kernel_threads;
-        self.with_output(&c, &[&a, &b], |c, ab| {
+        self.with_output("gemm", &c, &[&a, &b], |c, ab| {
             let stop = || attempt.is_stopping();
             let (a, b) = (ab[0], ab[1]);
             kernels::gemm(c, alpha, a, trans_a, b, trans_b, beta, threads, &stop)
@@ -168,17 +216,17 @@ impl tensors::Host for RankState {
         source: Resource<Tensor>,
         rows: Vec<u32>,
     ) -> Answer<()> {
-        self.with_output(&out, &[&source], |out, source| {
+        self.with_output("gather-rows", &out, &[&source], |out, source| {
             kernels::gather_rows(out, source[0], &rows)
         })
     }
 
     fn axpy(&mut self, y: Resource<Tensor>, alpha: f32, x: Resource<Tensor>) -> Answer<()> {
-        self.with_output(&y, &[&x], |y, x| kernels::axpy(y, alpha, x[0]))
+        self.with_output("axpy", &y, &[&x], |y, x| kernels::axpy(y, alpha, x[0]))
     }
 
     fn scale(&mut self, x: Resource<Tensor>, alpha: f32) -> wasmtime::Result<()> {
-        self.with_output(&x, &[], |x, _| {
+        self.with_output("scale", &x, &[], |x, _| {
             kernels::scale(x, alpha);
             Ok(())
         })?
@@ -186,15 +234,17 @@ impl tensors::Host for RankState {
     }
 
     fn add_row(&mut self, x: Resource<Tensor>, row: Resource<Tensor>) -> Answer<()> {
-        self.with_output(&x, &[&row], |x, row| kernels::add_row(x, row[0]))
+        self.with_output("add-row", &x, &[&row], |x, row| kernels::add_row(x, row[0]))
     }
 
     fn sum_rows(&mut self, out: Resource<Tensor>, x: Resource<Tensor>, beta: f32) -> Answer<()> {
-        self.with_output(&out, &[&x], |out, x| kernels::sum_rows(out, x[0], beta))
+        self.with_output("sum-rows", &out, &[&x], |out, x| {
+            kernels::sum_rows(out, x[0], beta)
+        })
     }
 
     fn activate(&mut self, x: Resource<Tensor>, f: Activation) -> wasmtime::Result<()> {
-        self.with_output(&x, &[], |x, _| {
+        self.with_output("activate", &x, &[], |x, _| {
             kernels::activate(x, activation(f));
             Ok(())
         })?
@@ -207,8 +257,67 @@ impl tensors::Host for RankState {
         output: Resource<Tensor>,
         f: Activation,
     ) -> Answer<()> {
-        self.with_output(&grad, &[&output], |g, y| {
+        self.with_output("activate-backward", &grad, &[&output], |g, y| {
             kernels::activate_backward(g, y[0], activation(f))
+        })
+    }
+
+    fn dense(
+        &mut self,
+        out: Resource<Tensor>,
+        x: Resource<Tensor>,
+        w: Resource<Tensor>,
+        bias: Option<Resource<Tensor>>,
+        f: Option<Activation>,
+    ) -> Answer<()> {
+        let attempt = self.attempt.clone();
+        let threads = self.kernel_threads;
+        let inputs: Vec<&Resource<Tensor>> = [&x, &w].into_iter().chain(&bias).collect();
+        self.with_output("dense", &out, &inputs, |out, xwb| {
+            let stop = || attempt.is_stopping();
+            let bias = xwb.get(2).copied();
+            kernels::dense(out, xwb[0], xwb[1], bias, f.map(activation), threads, &stop)
+        })
+    }
+
+    fn dense_backward(
+        &mut self,
+        grad: Resource<Tensor>,
+        x: Resource<Tensor>,
+        w: Resource<Tensor>,
+        beta: f32,
+        grad_w: Resource<Tensor>,
+        grad_bias: Option<Resource<Tensor>>,
+        grad_x: Option<Resource<Tensor>>,
+        x_f: Option<Activation>,
+    ) -> Answer<()> {
+        let attempt = self.attempt.clone();
+        let threads = self.kernel_threads;
+        let outs: Vec<&Resource<Tensor>> = [&grad_w]
+            .into_iter()
+            .chain(&grad_bias)
+            .chain(&grad_x)
+            .collect();
+        let (has_bias, has_x) = (grad_bias.is_some(), grad_x.is_some());
+        self.with_outputs("dense-backward", &outs, &[&grad, &x, &w], |outs, gxw| {
+            let stop = || attempt.is_stopping();
+            let [gw, rest @ ..] = outs else {
+                unreachable!("grad-w is always written")
+            };
+            let (gb, rest) = match rest {
+                [gb, rest @ ..] if has_bias => (Some(gb), rest),
+                rest => (None, rest),
+            };
+            let gx = match rest {
+                [gx] if has_x => Some((gx, x_f.map(activation))),
+                _ => None,
+            };
+            let grads = kernels::DenseGrads {
+                w: gw,
+                bias: gb,
+                x: gx,
+            };
+            kernels::dense_backward(gxw[0], gxw[1], gxw[2], beta, grads, threads, &stop)
         })
     }
 
@@ -219,7 +328,7 @@ impl tensors::Host for RankState {
         grad: Resource<Tensor>,
         grad_scale: f32,
     ) -> Answer<(f64, u32)> {
-        self.with_output(&grad, &[&logits], |g, z| {
+        self.with_output("softmax-cross-entropy", &grad, &[&logits], |g, z| {
             kernels::softmax_cross_entropy(z[0], &labels, g, grad_scale)
         })
     }
@@ -232,20 +341,39 @@ impl tensors::Host for RankState {
         lr: f32,
         momentum: f32,
     ) -> Answer<()> {
-        self.check_running()?;
-        if velocity.rep() == param.rep() || velocity.rep() == grad.rep() {
-            return Ok(Err(TensorError::Invalid(
-                "sgd-momentum: velocity must be a tensor of its own, not param or grad".into(),
-            )));
+        self.with_outputs("sgd-momentum", &[&param, &velocity], &[&grad], |pv, g| {
+            let [p, v] = pv else {
+                unreachable!("two outputs")
+            };
+            kernels::sgd_momentum(p, v, g[0], 1.0, lr, momentum)
+        })
+    }
+
+    fn sgd_momentum_list(
+        &mut self,
+        params: Vec<Resource<Tensor>>,
+        velocity: Vec<Resource<Tensor>>,
+        grads: Vec<Resource<Tensor>>,
+        grad_scale: f32,
+        lr: f32,
+        momentum: f32,
+    ) -> Answer<()> {
+        let n = params.len();
+        if velocity.len() != n || grads.len() != n {
+            return Ok(Err(TensorError::Shape(format!(
+                "sgd-momentum-list: {n} params, {} velocities and {} gradients; the lists must be as long",
+                velocity.len(),
+                grads.len()
+            ))));
         }
-        // Two outputs: velocity out of the table too while param is
-        // written.
-        let mut v = std::mem::replace(self.table.get_mut(&velocity)?, Tensor::empty());
-        let result = self.with_output(&param, &[&grad], |p, g| {
-            kernels::sgd_momentum(p, &mut v, g[0], lr, momentum)
-        });
-        *self.table.get_mut(&velocity)? = v;
-        result
+        let outs: Vec<&Resource<Tensor>> = params.iter().chain(&velocity).collect();
+        let inputs: Vec<&Resource<Tensor>> = grads.iter().collect();
+        self.with_outputs("sgd-momentum-list", &outs, &inputs, |pv, g| {
+            let (p, v) = pv.split_at_mut(n);
+            let mut p: Vec<&mut Tensor> = p.iter_mut().collect();
+            let mut v: Vec<&mut Tensor> = v.iter_mut().collect();
+            kernels::sgd_momentum_list(&mut p, &mut v, g, grad_scale, lr, momentum)
+        })
     }
 
     fn adam(
@@ -256,17 +384,6 @@ impl tensors::Host for RankState {
         grad: Resource<Tensor>,
         h: AdamStep,
     ) -> Answer<()> {
-        self.check_running()?;
-        let outputs = [param.rep(), m.rep(), v.rep()];
-        if outputs.contains(&grad.rep())
-            || outputs[0] == outputs[1]
-            || outputs[0] == outputs[2]
-            || outputs[1] == outputs[2]
-        {
-            return Ok(Err(TensorError::Invalid(
-                "adam: param, m, v and grad must be four different tensors".into(),
-            )));
-        }
         let h = kernels::AdamStep {
             lr: h.lr,
             beta1: h.beta1,
@@ -274,16 +391,12 @@ impl tensors::Host for RankState {
             epsilon: h.epsilon,
             step: h.step,
         };
-        // Three outputs: the moments out of the table too while param is
-        // written.
-        let mut m_t = std::mem::replace(self.table.get_mut(&m)?, Tensor::empty());
-        let mut v_t = std::mem::replace(self.table.get_mut(&v)?, Tensor::empty());
-        let result = self.with_output(&param, &[&grad], |p, g| {
-            kernels::adam(p, &mut m_t, &mut v_t, g[0], h)
-        });
-        *self.table.get_mut(&m)? = m_t;
-        *self.table.get_mut(&v)? = v_t;
-        result
+        self.with_outputs("adam", &[&param, &m, &v], &[&grad], |pmv, g| {
+            let [p, m, v] = pmv else {
+                unreachable!("three outputs")
+            };
+            kernels::adam(p, m, v, g[0], h)
+        })
     }
 
     fn save(&mut self, path: String, tensors: Vec<(String, Resource<Tensor>)>) -> Answer<()> {

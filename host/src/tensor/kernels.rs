@@ -300,12 +300,13 @@ pub fn softmax_cross_entropy(
     Ok((loss, correct))
 }
 
-/// SGD with momentum: `velocity = momentum * velocity + grad`, `param =
-/// param - lr * velocity`.
+/// SGD with momentum: `velocity = momentum * velocity + grad_scale *
+/// grad`, `param = param - lr * velocity`.
 pub fn sgd_momentum(
     param: &mut Tensor,
     velocity: &mut Tensor,
     grad: &Tensor,
+    grad_scale: f32,
     lr: f32,
     momentum: f32,
 ) -> Result<(), TensorError> {
@@ -317,7 +318,9 @@ pub fn sgd_momentum(
         .zip(&mut velocity.data)
         .zip(&grad.data)
     {
-        *v = momentum * *v + g;
+        // The same product as scaling the gradient first (`scale`), so a
+        // caller who did that gets the same values.
+        *v = momentum * *v + grad_scale * g;
         *p -= lr * *v;
     }
     Ok(())

@@ -396,13 +396,13 @@ fn sgd_with_momentum_steps_like_its_formula() {
     let mut v = t(&[6], 2);
     let g = t(&[6], 3);
     let (p0, v0) = (p.clone(), v.clone());
-    sgd_momentum(&mut p, &mut v, &g, 0.1, 0.9).unwrap();
+    sgd_momentum(&mut p, &mut v, &g, 1.0, 0.1, 0.9).unwrap();
     for i in 0..6 {
         let v1 = 0.9 * v0.values()[i] + g.values()[i];
         assert_eq!(v.values()[i], v1);
         assert_eq!(p.values()[i], p0.values()[i] - 0.1 * v1);
     }
-    assert!(sgd_momentum(&mut p, &mut v, &t(&[5], 1), 0.1, 0.9).is_err());
+    assert!(sgd_momentum(&mut p, &mut v, &t(&[5], 1), 1.0, 0.1, 0.9).is_err());
 }
 
 #[test]

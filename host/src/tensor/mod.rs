@@ -10,12 +10,14 @@
 
 pub(crate) mod file;
 mod kernels;
+mod layers;
 mod random;
 
 pub use kernels::{
     Activation, AdamStep, activate, activate_backward, adam, add_row, axpy, gather_rows, gemm,
     scale, sgd_momentum, softmax_cross_entropy, sum_rows,
 };
+pub use layers::{DenseGrads, dense, dense_backward, sgd_momentum_list};
 
 /// The threads the kernels of one of `local_ranks` ranks on this host may
 /// use: an equal share of the cores this process may run on (its CPU
