@@ -216,6 +216,14 @@ def _activation(f: str) -> _tensors.Activation:
         raise ValueError(f"unknown activation {f!r}; use one of {', '.join(_ACTIVATIONS)}") from None
 
 
+def _maybe_activation(f: Optional[str]) -> Optional[_tensors.Activation]:
+    return None if f is None else _activation(f)
+
+
+def _handle(t: Optional["Tensor"]) -> Optional[_tensors.Tensor]:
+    return None if t is None else t._t
+
+
 def _call(f, *args):
     try:
         return f(*args)
@@ -282,6 +290,25 @@ class Tensor:
     def activate_backward(self, output: "Tensor", f: str) -> None:
         _call(_tensors.activate_backward, self._t, output._t, _activation(f))
 
+    def dense(self, x: "Tensor", w: "Tensor", bias: Optional["Tensor"] = None,
+              f: Optional[str] = None) -> None:
+        """self = f(x @ w + bias), a dense layer's forward pass in one call
+        into the host (the values of ``gemm``, ``add_row`` and ``activate``;
+        no bias or function when None)."""
+        _call(_tensors.dense, self._t, x._t, w._t, _handle(bias), _maybe_activation(f))
+
+    @staticmethod
+    def dense_backward(grad: "Tensor", x: "Tensor", w: "Tensor", grad_w: "Tensor",
+                       grad_bias: Optional["Tensor"] = None, grad_x: Optional["Tensor"] = None,
+                       x_f: Optional[str] = None, beta: float = 0.0) -> None:
+        """A dense layer's backward pass in one call into the host, from
+        ``grad``, the loss's gradient at ``x @ w + bias``: grad_w = beta *
+        grad_w + x.T @ grad, grad_bias = beta * grad_bias + grad's row sum,
+        grad_x = (grad @ w.T) * f' with f' from ``x = x_f(...)`` (the
+        previous layer's activation), so that it is that layer's ``grad``."""
+        _call(_tensors.dense_backward, grad._t, x._t, w._t, beta, grad_w._t,
+              _handle(grad_bias), _handle(grad_x), _maybe_activation(x_f))
+
     def softmax_cross_entropy(self, labels: Sequence[int], grad: "Tensor", grad_scale: float = 1.0) -> Tuple[float, int]:
         return _call(_tensors.softmax_cross_entropy, self._t, list(labels), grad._t, grad_scale)
 
@@ -302,6 +329,16 @@ class Tensor:
     @staticmethod
     def all_reduce_list(tensors: Sequence["Tensor"], op: str = "sum") -> None:
         _call(_tensors.all_reduce_list, [t._t for t in tensors], _op(op))
+
+    @staticmethod
+    def sgd_momentum_list(params: Sequence["Tensor"], velocity: Sequence["Tensor"],
+                          grads: Sequence["Tensor"], lr: float, momentum: float,
+                          grad_scale: float = 1.0) -> None:
+        """``sgd_momentum`` of every tensor of a model in one call into the
+        host, each gradient times ``grad_scale`` (the gradients are not
+        changed)."""
+        _call(_tensors.sgd_momentum_list, [t._t for t in params], [t._t for t in velocity],
+              [t._t for t in grads], grad_scale, lr, momentum)
 
     @staticmethod
     def save(path: str, named: Dict[str, "Tensor"]) -> None:

@@ -221,7 +221,25 @@ fn adam_steps_in_the_host_and_refuses_aliased_tensors() {
         run.stdout(0),
         [
             "tensor_adam: [0.9900, 1.0100, 0.9900]",
-            "tensor error: adam: param, m, v and grad must be four different tensors"
+            "tensor error: adam: each tensor it writes must be a tensor of its own, passed once and not also as one it reads"
+        ]
+    );
+}
+
+/// The fused kernels give a step the values of the separate ones, and
+/// refuse a tensor written twice or written and read by one call.
+#[test]
+fn fused_kernels_step_like_the_separate_ones_and_refuse_aliases() {
+    let run = run(1, json!([{"tensor_fused": true}]));
+    run.assert_ok();
+    let own = "each tensor it writes must be a tensor of its own, passed once and not also as one it reads";
+    assert_eq!(
+        run.stdout(0),
+        [
+            "tensor_fused: same true".to_string(),
+            format!("tensor error: dense-backward: {own}"),
+            format!("tensor error: sgd-momentum-list: {own}"),
+            format!("tensor error: dense: {own}"),
         ]
     );
 }

@@ -28,6 +28,11 @@
 //! - `{"tensor_adam": true}`: one Adam step of `[1, 1, 1]` along `[1e-3,
 //!   -5, 200]` with lr 0.01; prints `tensor_adam: [P0, P1, P2]`, then
 //!   the error of a raw call passing the same tensor as param and `m`
+//! - `{"tensor_fused": true}`: a two-layer network's forward pass,
+//!   backward pass and SGD step on the fused kernels and on the separate
+//!   ones; prints `tensor_fused: same VALUES` (whether every value
+//!   matches), then the errors of raw calls writing one tensor twice or
+//!   writing one they read
 //! - `{"tensor_forged_handle": H}`: scales the tensor whose handle is the
 //!   number H, whichever that is; `{"tensor_stale_handle": true}`: scales
 //!   a tensor through its handle after dropping it
@@ -141,6 +146,8 @@ pub fn run(step: &Map<String, Value>, rank: u32) -> Result<bool, String> {
         })
     } else if step.contains_key("tensor_adam") {
         adam()
+    } else if step.contains_key("tensor_fused") {
+        fused()
     } else if let Some(h) = step.get("tensor_forged_handle").and_then(Value::as_u64) {
         // SAFETY: a handle number the guest makes up; the host decides.
         let forged = unsafe { wit::Tensor::from_handle(h as u32) };
@@ -230,4 +237,90 @@ fn adam() -> Result<(), TensorError> {
     let raw = wit::Tensor::zeros(&[3])?;
     let aliased = wit::adam(&raw, &raw, &raw, &raw, tensor::AdamStep::new(0.01, 1));
     Err(aliased.expect_err("the host refuses aliases").into())
+}
+
+/// Forward, backward and an SGD step of `relu(x · w1 + b1) · w2 + b2`,
+/// fused or call by call: every tensor the step leaves, flat.
+fn two_layers(fused: bool) -> Result<Vec<f32>, TensorError> {
+    let t = |shape: &[u32], seed| Tensor::uniform(shape, -1.0, 1.0, seed);
+    let (x, labels) = (t(&[6, 5], 1)?, [0, 2, 1, 1, 0, 2]);
+    let (mut w1, mut b1, mut w2, mut b2) =
+        (t(&[5, 4], 2)?, t(&[4], 3)?, t(&[4, 3], 4)?, t(&[3], 5)?);
+    let mut v: Vec<Tensor> = [&w1, &b1, &w2, &b2]
+        .iter()
+        .map(|p| Tensor::zeros(&p.shape()))
+        .collect::<Result<_, _>>()?;
+    let (mut h, mut z) = (Tensor::zeros(&[6, 4])?, Tensor::zeros(&[6, 3])?);
+    let (mut dz, mut dh) = (Tensor::zeros(&[6, 3])?, Tensor::zeros(&[6, 4])?);
+    let (mut gw1, mut gb1) = (Tensor::zeros(&[5, 4])?, Tensor::zeros(&[4])?);
+    let (mut gw2, mut gb2) = (Tensor::zeros(&[4, 3])?, Tensor::zeros(&[3])?);
+    let relu = tensor::Activation::Relu;
+    if fused {
+        h.dense(&x, &w1, Some(&b1), Some(relu))?;
+        z.dense(&h, &w2, Some(&b2), None)?;
+        z.softmax_cross_entropy(&labels, &mut dz, 1.0)?;
+        let grads = tensor::DenseGrads {
+            w: &mut gw2,
+            bias: Some(&mut gb2),
+            x: Some((&mut dh, Some(relu))),
+        };
+        tensor::dense_backward(&dz, &h, &w2, 0.0, grads)?;
+        let grads = tensor::DenseGrads {
+            w: &mut gw1,
+            bias: Some(&mut gb1),
+            x: None,
+        };
+        tensor::dense_backward(&dh, &x, &w1, 0.0, grads)?;
+        let [v1, v2, v3, v4] = &mut v[..] else {
+            unreachable!()
+        };
+        let mut params = [&mut w1, &mut b1, &mut w2, &mut b2];
+        let grads = [&gw1, &gb1, &gw2, &gb2];
+        tensor::sgd_momentum(&mut params, &mut [v1, v2, v3, v4], &grads, 0.5, 0.1, 0.9)?;
+    } else {
+        h.gemm(1.0, &x, false, &w1, false, 0.0)?;
+        h.add_row(&b1)?;
+        h.activate(relu);
+        z.gemm(1.0, &h, false, &w2, false, 0.0)?;
+        z.add_row(&b2)?;
+        z.softmax_cross_entropy(&labels, &mut dz, 1.0)?;
+        gw2.gemm(1.0, &h, true, &dz, false, 0.0)?;
+        gb2.sum_rows(&dz, 0.0)?;
+        dh.gemm(1.0, &dz, false, &w2, true, 0.0)?;
+        dh.activate_backward(&h, relu)?;
+        gw1.gemm(1.0, &x, true, &dh, false, 0.0)?;
+        gb1.sum_rows(&dh, 0.0)?;
+        let params = [&mut w1, &mut b1, &mut w2, &mut b2];
+        for ((p, v), g) in params
+            .into_iter()
+            .zip(&mut v)
+            .zip([&mut gw1, &mut gb1, &mut gw2, &mut gb2])
+        {
+            g.scale(0.5);
+            p.sgd_momentum(v, g, 0.1, 0.9)?;
+        }
+    }
+    Ok([&h, &z, &dz, &dh, &w1, &b1, &w2, &b2]
+        .iter()
+        .chain(&v.iter().collect::<Vec<_>>())
+        .flat_map(|t| t.to_vec())
+        .collect())
+}
+
+fn fused() -> Result<(), TensorError> {
+    let (fused, apart) = (two_layers(true)?, two_layers(false)?);
+    println!("tensor_fused: same {}", fused == apart);
+    let raw = |shape: &[u32]| wit::Tensor::zeros(shape);
+    let (x, w, g) = (raw(&[2, 3])?, raw(&[3, 3])?, raw(&[2, 3])?);
+    let twice = wit::dense_backward(&g, &x, &w, 0.0, &w, None, Some(&x), None);
+    let (p, v) = (raw(&[3])?, raw(&[3])?);
+    let listed_twice = wit::sgd_momentum_list(&[&p, &p], &[&v, &x], &[&g, &g], 1.0, 0.1, 0.9);
+    let read_too = wit::dense(&x, &x, &w, None, None);
+    for refused in [twice, listed_twice, read_too] {
+        match refused {
+            Ok(()) => println!("tensor_fused: not refused"),
+            Err(e) => println!("tensor error: {}", TensorError::from(e)),
+        }
+    }
+    Ok(())
 }
