@@ -109,9 +109,12 @@ pub fn sgd_momentum_list(
         )));
     }
     for (i, ((p, v), g)) in params.iter().zip(velocity.iter()).zip(grads).enumerate() {
-        let at = |what: &str| format!("{what}[{i}]");
-        same_shape(&at("params"), p, &at("velocity"), v)?;
-        same_shape(&at("params"), p, &at("grads"), g)?;
+        // The names are formatted only for a refusal: this runs every step.
+        if p.shape != v.shape || p.shape != g.shape {
+            let at = |what: &str| format!("{what}[{i}]");
+            same_shape(&at("params"), p, &at("velocity"), v)?;
+            same_shape(&at("params"), p, &at("grads"), g)?;
+        }
     }
     for ((p, v), g) in params.iter_mut().zip(velocity.iter_mut()).zip(grads) {
         super::kernels::sgd_momentum(p, v, g, grad_scale, lr, momentum)?;
