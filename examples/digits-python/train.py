@@ -9,8 +9,10 @@ to the ranks (rank r takes every ``world_size``-th image from the r-th on),
 the gradient sums are all-reduced in one round and divided by the batch
 size, so every rank takes the same step whatever the number of ranks. The
 images go to the host once, as one tensor, and each minibatch is gathered
-there (``gather_rows``): the maths and the data's bytes stay in the host at
-native speed, and Python only orchestrates.
+there (``gather_rows``); a layer's forward and backward pass and the
+optimizer step are one call each (``dense``, ``dense_backward``,
+``sgd_momentum_list``). The maths and the data's bytes stay in the host at
+native speed, and Python only orchestrates, in eight calls a step.
 
 Data split, initial weights, data order, kernels and files are those of the
 Rust example, so the two reach the same parameters bit for bit, and each can
@@ -167,21 +169,16 @@ class Model:
             self.dz = Tensor.zeros([rows, CLASSES])
             self.dh = Tensor.zeros([rows, self.hidden])
         w1, b1, w2, b2 = self.params
+        # One call a layer each way, one for the loss: a call into the
+        # host costs more than a small layer's maths.
         self.x.gather_rows(images, indexes)
-        self.h.gemm(1.0, self.x, w1)
-        self.h.add_row(b1)
-        self.h.activate("relu")
-        self.z.gemm(1.0, self.h, w2)
-        self.z.add_row(b2)
+        self.h.dense(self.x, w1, b1, "relu")
+        self.z.dense(self.h, w2, b2)
         loss, correct = self.z.softmax_cross_entropy([LABELS[i] for i in indexes], self.dz)
         if train:
             gw1, gb1, gw2, gb2 = self.grads
-            gw2.gemm(1.0, self.h, self.dz, trans_a=True)
-            gb2.sum_rows(self.dz)
-            self.dh.gemm(1.0, self.dz, w2, trans_b=True)
-            self.dh.activate_backward(self.h, "relu")
-            gw1.gemm(1.0, self.x, self.dh, trans_a=True)
-            gb1.sum_rows(self.dh)
+            Tensor.dense_backward(self.dz, self.h, w2, gw2, gb2, grad_x=self.dh, x_f="relu")
+            Tensor.dense_backward(self.dh, self.x, w1, gw1, gb1)
         return loss, correct
 
     def step(self, images, batch, rank, world, lr, momentum):
@@ -195,10 +192,8 @@ class Model:
                 g.scale(0.0)
             loss, correct = 0.0, 0
         Tensor.all_reduce_list(self.grads, "sum")
-        scale = 1.0 / len(batch)
-        for p, v, g in zip(self.params, self.velocity, self.grads):
-            g.scale(scale)
-            p.sgd_momentum(v, g, lr, momentum)
+        Tensor.sgd_momentum_list(self.params, self.velocity, self.grads, lr, momentum,
+                                 grad_scale=1.0 / len(batch))
         return loss, correct
 
     def digest(self):

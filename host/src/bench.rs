@@ -14,8 +14,8 @@ use crate::storage::Storage;
 /// them against the same maths called natively.
 pub mod tensor {
     pub use crate::tensor::{
-        Activation, Tensor, TensorError, activate, activate_backward, add_row, gather_rows, gemm,
-        scale, sgd_momentum, softmax_cross_entropy, sum_rows, threads_per_rank,
+        Activation, DenseGrads, Tensor, TensorError, dense, dense_backward, gather_rows, gemm,
+        sgd_momentum_list, softmax_cross_entropy, threads_per_rank,
     };
 }
 

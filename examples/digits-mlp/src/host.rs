@@ -10,7 +10,7 @@ use std::error::Error;
 use std::path::Path;
 
 use trainhost_guest::collective::{CollectiveError, Op};
-use trainhost_guest::tensor::{self, Activation, Tensor, TensorError};
+use trainhost_guest::tensor::{self, Activation, DenseGrads, Tensor, TensorError};
 
 use crate::data::{CLASSES, PIXELS, Set};
 use crate::model::{Layout, Tally};
@@ -153,23 +153,29 @@ impl HostModel {
         let [w1, b1, w2, b2] = &self.params[..] else {
             unreachable!("four tensors")
         };
+        // One call a layer each way, one for the loss: a call into the host
+        // costs more than a small layer's maths.
+        let relu = Some(Activation::Relu);
         b.x.gather_rows(&set.images, indexes)?;
-        b.h.gemm(1.0, &b.x, false, w1, false, 0.0)?;
-        b.h.add_row(b1)?;
-        b.h.activate(Activation::Relu);
-        b.z.gemm(1.0, &b.h, false, w2, false, 0.0)?;
-        b.z.add_row(b2)?;
+        b.h.dense(&b.x, w1, Some(b1), relu)?;
+        b.z.dense(&b.h, w2, Some(b2), None)?;
         let (loss, correct) = b.z.softmax_cross_entropy(&labels, &mut b.dz, 1.0)?;
         if train {
             let [gw1, gb1, gw2, gb2] = &mut self.grads[..] else {
                 unreachable!("four tensors")
             };
-            gw2.gemm(1.0, &b.h, true, &b.dz, false, 0.0)?;
-            gb2.sum_rows(&b.dz, 0.0)?;
-            b.dh.gemm(1.0, &b.dz, false, w2, true, 0.0)?;
-            b.dh.activate_backward(&b.h, Activation::Relu)?;
-            gw1.gemm(1.0, &b.x, true, &b.dh, false, 0.0)?;
-            gb1.sum_rows(&b.dh, 0.0)?;
+            let grads = DenseGrads {
+                w: gw2,
+                bias: Some(gb2),
+                x: Some((&mut b.dh, relu)),
+            };
+            tensor::dense_backward(&b.dz, &b.h, w2, 0.0, grads)?;
+            let grads = DenseGrads {
+                w: gw1,
+                bias: Some(gb1),
+                x: None,
+            };
+            tensor::dense_backward(&b.dh, &b.x, w1, 0.0, grads)?;
         }
         Ok(Tally {
             loss,
@@ -188,18 +194,13 @@ impl HostModel {
         tensor::all_reduce(&mut grads, Op::Sum)
     }
 
-    /// Take an SGD step with momentum along the gradients times `scale`.
+    /// Take an SGD step with momentum along the gradients times `scale`,
+    /// for every tensor in one call.
     pub fn step(&mut self, scale: f32, lr: f32, momentum: f32) -> Result<(), TensorError> {
-        for ((p, v), g) in self
-            .params
-            .iter_mut()
-            .zip(&mut self.velocity)
-            .zip(&mut self.grads)
-        {
-            g.scale(scale);
-            p.sgd_momentum(v, g, lr, momentum)?;
-        }
-        Ok(())
+        let mut params: Vec<&mut Tensor> = self.params.iter_mut().collect();
+        let mut velocity: Vec<&mut Tensor> = self.velocity.iter_mut().collect();
+        let grads: Vec<&Tensor> = self.grads.iter().collect();
+        tensor::sgd_momentum(&mut params, &mut velocity, &grads, scale, lr, momentum)
     }
 
     /// The parameters, flat in the layout's order.

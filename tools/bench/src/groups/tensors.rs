@@ -146,32 +146,31 @@ impl NativeMlp {
             &mut self.dz,
             &mut self.dh,
         );
+        let relu = Some(Activation::Relu);
         k::gather_rows(x, images, &rows)?;
-        k::gemm(h, 1.0, x, false, w1, false, 0.0, threads, &never)?;
-        k::add_row(h, b1)?;
-        k::activate(h, Activation::Relu);
-        k::gemm(z, 1.0, h, false, w2, false, 0.0, threads, &never)?;
-        k::add_row(z, b2)?;
+        k::dense(h, x, w1, Some(b1), relu, threads, &never)?;
+        k::dense(z, h, w2, Some(b2), None, threads, &never)?;
         std::hint::black_box(k::softmax_cross_entropy(z, &labels, dz, 1.0)?);
         let [gw1, gb1, gw2, gb2] = &mut self.grads[..] else {
             unreachable!("four tensors")
         };
-        k::gemm(gw2, 1.0, h, true, dz, false, 0.0, threads, &never)?;
-        k::sum_rows(gb2, dz, 0.0)?;
-        k::gemm(dh, 1.0, dz, false, w2, true, 0.0, threads, &never)?;
-        k::activate_backward(dh, h, Activation::Relu)?;
-        k::gemm(gw1, 1.0, x, true, dh, false, 0.0, threads, &never)?;
-        k::sum_rows(gb1, dh, 0.0)?;
+        let grads = k::DenseGrads {
+            w: gw2,
+            bias: Some(gb2),
+            x: Some((dh, relu)),
+        };
+        k::dense_backward(dz, h, w2, 0.0, grads, threads, &never)?;
+        let grads = k::DenseGrads {
+            w: gw1,
+            bias: Some(gb1),
+            x: None,
+        };
+        k::dense_backward(dh, x, w1, 0.0, grads, threads, &never)?;
+        let mut params: Vec<&mut Tensor> = self.params.iter_mut().collect();
+        let mut velocity: Vec<&mut Tensor> = self.velocity.iter_mut().collect();
+        let grads: Vec<&Tensor> = self.grads.iter().collect();
         let scale = 1.0 / batch.len() as f32;
-        for ((p, v), g) in self
-            .params
-            .iter_mut()
-            .zip(&mut self.velocity)
-            .zip(&mut self.grads)
-        {
-            k::scale(g, scale);
-            k::sgd_momentum(p, v, g, 0.1, 0.9)?;
-        }
+        k::sgd_momentum_list(&mut params, &mut velocity, &grads, scale, 0.1, 0.9)?;
         Ok(())
     }
 }
