@@ -358,14 +358,9 @@ impl tensors::Host for RankState {
         lr: f32,
         momentum: f32,
     ) -> Answer<()> {
+        // Lists of different lengths are refused by the kernel: `v` then
+        // holds the velocities, however many there are.
         let n = params.len();
-        if velocity.len() != n || grads.len() != n {
-            return Ok(Err(TensorError::Shape(format!(
-                "sgd-momentum-list: {n} params, {} velocities and {} gradients; the lists must be as long",
-                velocity.len(),
-                grads.len()
-            ))));
-        }
         let outs: Vec<&Resource<Tensor>> = params.iter().chain(&velocity).collect();
         let inputs: Vec<&Resource<Tensor>> = grads.iter().collect();
         self.with_outputs("sgd-momentum-list", &outs, &inputs, |pv, g| {

@@ -226,8 +226,9 @@ fn adam_steps_in_the_host_and_refuses_aliased_tensors() {
     );
 }
 
-/// The fused kernels give a step the values of the separate ones, and
-/// refuse a tensor written twice or written and read by one call.
+/// The fused kernels give a step the values of the separate ones, with
+/// biases and without, and refuse a tensor written twice or written and
+/// read by one call, and lists of different lengths.
 #[test]
 fn fused_kernels_step_like_the_separate_ones_and_refuse_aliases() {
     let run = run(1, json!([{"tensor_fused": true}]));
@@ -236,10 +237,14 @@ fn fused_kernels_step_like_the_separate_ones_and_refuse_aliases() {
     assert_eq!(
         run.stdout(0),
         [
-            "tensor_fused: same true".to_string(),
+            "tensor_fused: same true (bias true)".to_string(),
+            "tensor_fused: same true (bias false)".to_string(),
             format!("tensor error: dense-backward: {own}"),
             format!("tensor error: sgd-momentum-list: {own}"),
             format!("tensor error: dense: {own}"),
+            "tensor error: sgd-momentum-list: 1 params, 2 velocities and 1 gradients; \
+             the lists must be as long"
+                .to_string(),
         ]
     );
 }

@@ -30,9 +30,10 @@
 //!   the error of a raw call passing the same tensor as param and `m`
 //! - `{"tensor_fused": true}`: a two-layer network's forward pass,
 //!   backward pass and SGD step on the fused kernels and on the separate
-//!   ones; prints `tensor_fused: same VALUES` (whether every value
-//!   matches), then the errors of raw calls writing one tensor twice or
-//!   writing one they read
+//!   ones, with biases and without; prints `tensor_fused: same VALUES
+//!   (bias B)` for each (whether every value matches), then the errors of
+//!   raw calls writing one tensor twice, writing one they read, or
+//!   passing lists of different lengths
 //! - `{"tensor_forged_handle": H}`: scales the tensor whose handle is the
 //!   number H, whichever that is; `{"tensor_stale_handle": true}`: scales
 //!   a tensor through its handle after dropping it
@@ -239,9 +240,10 @@ fn adam() -> Result<(), TensorError> {
     Err(aliased.expect_err("the host refuses aliases").into())
 }
 
-/// Forward, backward and an SGD step of `relu(x · w1 + b1) · w2 + b2`,
-/// fused or call by call: every tensor the step leaves, flat.
-fn two_layers(fused: bool) -> Result<Vec<f32>, TensorError> {
+/// Forward, backward and an SGD step of `relu(x · w1 + b1) · w2 + b2`
+/// (without `b1` and `b2` unless `bias`), fused or call by call: every
+/// tensor the step leaves, flat.
+fn two_layers(fused: bool, bias: bool) -> Result<Vec<f32>, TensorError> {
     let t = |shape: &[u32], seed| Tensor::uniform(shape, -1.0, 1.0, seed);
     let (x, labels) = (t(&[6, 5], 1)?, [0, 2, 1, 1, 0, 2]);
     let (mut w1, mut b1, mut w2, mut b2) =
@@ -256,48 +258,70 @@ fn two_layers(fused: bool) -> Result<Vec<f32>, TensorError> {
     let (mut gw2, mut gb2) = (Tensor::zeros(&[4, 3])?, Tensor::zeros(&[3])?);
     let relu = tensor::Activation::Relu;
     if fused {
-        h.dense(&x, &w1, Some(&b1), Some(relu))?;
-        z.dense(&h, &w2, Some(&b2), None)?;
+        h.dense(&x, &w1, bias.then_some(&b1), Some(relu))?;
+        z.dense(&h, &w2, bias.then_some(&b2), None)?;
         z.softmax_cross_entropy(&labels, &mut dz, 1.0)?;
         let grads = tensor::DenseGrads {
             w: &mut gw2,
-            bias: Some(&mut gb2),
+            bias: bias.then_some(&mut gb2),
             x: Some((&mut dh, Some(relu))),
         };
         tensor::dense_backward(&dz, &h, &w2, 0.0, grads)?;
         let grads = tensor::DenseGrads {
             w: &mut gw1,
-            bias: Some(&mut gb1),
+            bias: bias.then_some(&mut gb1),
             x: None,
         };
         tensor::dense_backward(&dh, &x, &w1, 0.0, grads)?;
         let [v1, v2, v3, v4] = &mut v[..] else {
             unreachable!()
         };
-        let mut params = [&mut w1, &mut b1, &mut w2, &mut b2];
-        let grads = [&gw1, &gb1, &gw2, &gb2];
-        tensor::sgd_momentum(&mut params, &mut [v1, v2, v3, v4], &grads, 0.5, 0.1, 0.9)?;
+        if bias {
+            let mut params = [&mut w1, &mut b1, &mut w2, &mut b2];
+            let grads = [&gw1, &gb1, &gw2, &gb2];
+            tensor::sgd_momentum(&mut params, &mut [v1, v2, v3, v4], &grads, 0.5, 0.1, 0.9)?;
+        } else {
+            let grads = [&gw1, &gw2];
+            tensor::sgd_momentum(
+                &mut [&mut w1, &mut w2],
+                &mut [v1, v3],
+                &grads,
+                0.5,
+                0.1,
+                0.9,
+            )?;
+        }
     } else {
         h.gemm(1.0, &x, false, &w1, false, 0.0)?;
-        h.add_row(&b1)?;
+        if bias {
+            h.add_row(&b1)?;
+        }
         h.activate(relu);
         z.gemm(1.0, &h, false, &w2, false, 0.0)?;
-        z.add_row(&b2)?;
+        if bias {
+            z.add_row(&b2)?;
+        }
         z.softmax_cross_entropy(&labels, &mut dz, 1.0)?;
         gw2.gemm(1.0, &h, true, &dz, false, 0.0)?;
-        gb2.sum_rows(&dz, 0.0)?;
         dh.gemm(1.0, &dz, false, &w2, true, 0.0)?;
         dh.activate_backward(&h, relu)?;
         gw1.gemm(1.0, &x, true, &dh, false, 0.0)?;
-        gb1.sum_rows(&dh, 0.0)?;
+        if bias {
+            gb2.sum_rows(&dz, 0.0)?;
+            gb1.sum_rows(&dh, 0.0)?;
+        }
         let params = [&mut w1, &mut b1, &mut w2, &mut b2];
-        for ((p, v), g) in params
+        for (i, ((p, v), g)) in params
             .into_iter()
             .zip(&mut v)
             .zip([&mut gw1, &mut gb1, &mut gw2, &mut gb2])
+            .enumerate()
         {
-            g.scale(0.5);
-            p.sgd_momentum(v, g, 0.1, 0.9)?;
+            // Without biases, `b1`, `b2` and their velocities stay as drawn.
+            if bias || i % 2 == 0 {
+                g.scale(0.5);
+                p.sgd_momentum(v, g, 0.1, 0.9)?;
+            }
         }
     }
     Ok([&h, &z, &dz, &dh, &w1, &b1, &w2, &b2]
@@ -308,15 +332,18 @@ fn two_layers(fused: bool) -> Result<Vec<f32>, TensorError> {
 }
 
 fn fused() -> Result<(), TensorError> {
-    let (fused, apart) = (two_layers(true)?, two_layers(false)?);
-    println!("tensor_fused: same {}", fused == apart);
+    for bias in [true, false] {
+        let (fused, apart) = (two_layers(true, bias)?, two_layers(false, bias)?);
+        println!("tensor_fused: same {} (bias {bias})", fused == apart);
+    }
     let raw = |shape: &[u32]| wit::Tensor::zeros(shape);
     let (x, w, g) = (raw(&[2, 3])?, raw(&[3, 3])?, raw(&[2, 3])?);
     let twice = wit::dense_backward(&g, &x, &w, 0.0, &w, None, Some(&x), None);
     let (p, v) = (raw(&[3])?, raw(&[3])?);
     let listed_twice = wit::sgd_momentum_list(&[&p, &p], &[&v, &x], &[&g, &g], 1.0, 0.1, 0.9);
     let read_too = wit::dense(&x, &x, &w, None, None);
-    for refused in [twice, listed_twice, read_too] {
+    let uneven = wit::sgd_momentum_list(&[&p], &[&v, &x], &[&g], 1.0, 0.1, 0.9);
+    for refused in [twice, listed_twice, read_too, uneven] {
         match refused {
             Ok(()) => println!("tensor_fused: not refused"),
             Err(e) => println!("tensor error: {}", TensorError::from(e)),
