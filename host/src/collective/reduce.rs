@@ -172,7 +172,8 @@ impl Reduction {
             len,
             pending: split.then(|| Latch::new(ranks)),
         };
-        if !split {
+        // One rank's values are their own result (R29): nothing to combine.
+        if !split && ranks > 1 {
             // SAFETY: not shared yet; this thread is the only one.
             unsafe { reduction.combine_range(0..len) };
         }
