@@ -8,6 +8,7 @@ use wasmtime::component::Resource;
 
 use super::bindings::trainhost::train::collective::{CollectiveError, ReduceOp};
 use super::rank::RankState;
+use super::tensors::Few;
 use crate::collective::{Call, Delivered, Values};
 use crate::tensor::Tensor;
 
@@ -25,7 +26,7 @@ impl RankState {
         ts: &[Resource<Tensor>],
         o: ReduceOp,
     ) -> Answer {
-        let mut reps: Vec<u32> = ts.iter().map(Resource::rep).collect();
+        let mut reps: Few<u32> = ts.iter().map(Resource::rep).collect();
         reps.sort_unstable();
         if reps.windows(2).any(|w| w[0] == w[1]) {
             // Its values would be taken twice; refusing it on this rank

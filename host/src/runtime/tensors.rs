@@ -10,6 +10,7 @@
 //! Every import of the interface is here, each a few lines over its
 //! kernel: they share the table helpers, which is why the file is long.
 
+use smallvec::SmallVec;
 use wasmtime::component::{Resource, ResourceTableError};
 
 use super::bindings::trainhost::train::collective::{CollectiveError, ReduceOp};
@@ -18,6 +19,10 @@ use super::rank::{RankState, StoppedByHost};
 use crate::tensor::{self as kernels, Tensor, TensorError as Refused};
 
 pub(super) type Answer<T> = wasmtime::Result<Result<T, TensorError>>;
+
+/// The tensors (or handles) of one kernel call: up to eight (a four-tensor
+/// model's parameters and velocities) without allocating.
+pub(super) type Few<T> = SmallVec<[T; 8]>;
 
 pub(super) fn refused(e: Refused) -> TensorError {
     match e {
@@ -95,7 +100,7 @@ impl RankState {
         kernel: impl FnOnce(&mut [Tensor], &[&Tensor]) -> Result<R, Refused>,
     ) -> Answer<R> {
         self.check_running()?;
-        let mut written: Vec<u32> = outs.iter().map(|o| o.rep()).collect();
+        let mut written: Few<u32> = outs.iter().map(|o| o.rep()).collect();
         written.sort_unstable();
         if written.windows(2).any(|w| w[0] == w[1])
             || inputs
@@ -108,7 +113,7 @@ impl RankState {
         }
         // Out of the table while the kernel runs; empty tensors stand in,
         // and the table gets them back whatever the kernel did.
-        let mut taken = Vec::with_capacity(outs.len());
+        let mut taken = Few::with_capacity(outs.len());
         for out in outs {
             match self.table.get_mut(out) {
                 Ok(t) => taken.push(std::mem::replace(t, Tensor::empty())),
@@ -122,7 +127,7 @@ impl RankState {
             let inputs = inputs
                 .iter()
                 .map(|i| self.table.get(i))
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Few<_>, _>>()?;
             Ok(kernel(&mut taken, &inputs))
         })();
         self.put_back(outs, taken)?;
@@ -137,7 +142,7 @@ impl RankState {
     fn put_back(
         &mut self,
         outs: &[&Resource<Tensor>],
-        taken: Vec<Tensor>,
+        taken: Few<Tensor>,
     ) -> Result<(), ResourceTableError> {
         for (out, t) in outs.iter().zip(taken) {
             *self.table.get_mut(out)? = t;
@@ -272,7 +277,7 @@ impl tensors::Host for RankState {
     ) -> Answer<()> {
         let attempt = self.attempt.clone();
         let threads = self.kernel_threads;
-        let inputs: Vec<&Resource<Tensor>> = [&x, &w].into_iter().chain(&bias).collect();
+        let inputs: Few<&Resource<Tensor>> = [&x, &w].into_iter().chain(&bias).collect();
         self.with_output("dense", &out, &inputs, |out, xwb| {
             let stop = || attempt.is_stopping();
             let bias = xwb.get(2).copied();
@@ -293,7 +298,7 @@ impl tensors::Host for RankState {
     ) -> Answer<()> {
         let attempt = self.attempt.clone();
         let threads = self.kernel_threads;
-        let outs: Vec<&Resource<Tensor>> = [&grad_w]
+        let outs: Few<&Resource<Tensor>> = [&grad_w]
             .into_iter()
             .chain(&grad_bias)
             .chain(&grad_x)
@@ -361,12 +366,12 @@ impl tensors::Host for RankState {
         // Lists of different lengths are refused by the kernel: `v` then
         // holds the velocities, however many there are.
         let n = params.len();
-        let outs: Vec<&Resource<Tensor>> = params.iter().chain(&velocity).collect();
-        let inputs: Vec<&Resource<Tensor>> = grads.iter().collect();
+        let outs: Few<&Resource<Tensor>> = params.iter().chain(&velocity).collect();
+        let inputs: Few<&Resource<Tensor>> = grads.iter().collect();
         self.with_outputs("sgd-momentum-list", &outs, &inputs, |pv, g| {
             let (p, v) = pv.split_at_mut(n);
-            let mut p: Vec<&mut Tensor> = p.iter_mut().collect();
-            let mut v: Vec<&mut Tensor> = v.iter_mut().collect();
+            let mut p: Few<&mut Tensor> = p.iter_mut().collect();
+            let mut v: Few<&mut Tensor> = v.iter_mut().collect();
             kernels::sgd_momentum_list(&mut p, &mut v, g, grad_scale, lr, momentum)
         })
     }
