@@ -102,8 +102,8 @@ pub fn compile(guest: &[u8], cache: Option<&Path>) -> Result<bool, Error> {
 /// Seconds per all-reduce (f32, sum) of `floats` values on each of `ranks`
 /// threads, the exchange alone: the ranks' buffers combined in place as a
 /// collective call combines them once every rank has arrived (split across
-/// the threads from 256 KiB), without the guest, the canonical ABI's copies
-/// or the meeting. The median of `rounds` rounds.
+/// the threads from 16 or 256 KiB, R33), without the guest, the canonical
+/// ABI's copies or the meeting. The median of `rounds` rounds.
 pub fn all_reduce_exchange(ranks: usize, floats: usize, rounds: u32) -> f64 {
     use crate::collective::{Call, Delivered, Op, Values, meet};
     use std::sync::Arc;

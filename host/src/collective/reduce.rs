@@ -18,10 +18,24 @@ use std::ops::Range;
 
 use super::latch::Latch;
 use super::{Op, Values};
+use crate::executor;
 
-/// Below this many bytes per rank, one thread combines everything: waking
-/// every rank to share the work costs more than the work.
+/// Below this many bytes per rank, one thread combines everything when
+/// ranks share threads: a rank that combines its slice then waits for the
+/// others' slices, which costs each rank a second turn on its thread. With
+/// 16 ranks on 2 threads, a 16 KiB all-reduce from a guest's list took
+/// twice as long split as whole (99-103 against 47-49 µs), a 128 KiB one
+/// a tenth less (116-132 against 140-144 µs).
 const SPLIT_BYTES: usize = 256 << 10;
+
+/// The same when every rank has a thread of its own (no more ranks than
+/// cores): the ranks that arrived first would only wait while the last one
+/// combines, so sharing the work pays from smaller sizes. With 2 ranks on
+/// 2 cores, splitting took a 32 KiB all-reduce from a guest's list from
+/// 5.4-5.9 to 4.8-5.1 µs and a 128 KiB one from 16.0-16.4 to 11.8-12.4
+/// µs; at 16 KiB it gained a little, at 8 KiB it lost (2.7-3.6 against
+/// 2.6-3.0 µs).
+const SPLIT_BYTES_OWN_THREADS: usize = 16 << 10;
 
 /// Elements combined at a time: the partial result stays in the L1 cache
 /// while every rank's slice is added to it.
@@ -125,6 +139,15 @@ impl std::fmt::Debug for Reduction {
     }
 }
 
+/// The size per rank from which the ranks share an all-reduce's work.
+fn split_from(ranks: usize) -> usize {
+    if executor::threads_for(ranks) >= ranks {
+        SPLIT_BYTES_OWN_THREADS
+    } else {
+        SPLIT_BYTES
+    }
+}
+
 impl Reduction {
     /// Set up the all-reduce of `values` (by rank; same type and length,
     /// checked by [`super::meet`]). Done at once if it is too small to
@@ -133,7 +156,7 @@ impl Reduction {
         let len = values.first().map_or(0, Values::len);
         let bytes = len * values.first().map_or(0, |v| v.element_size() as usize);
         let ranks = values.len();
-        let split = ranks > 1 && bytes >= SPLIT_BYTES;
+        let split = ranks > 1 && bytes >= split_from(ranks);
         // `as_mut_ptr` forms no reference to the elements; the pointers
         // stay valid while the vectors are moved, not resized.
         let elements = match values.first() {
@@ -335,8 +358,17 @@ mod tests {
 
     #[test]
     fn split_and_whole_reductions_match_the_reference_bit_for_bit() {
-        // Sizes below and above the split, and lengths that do not divide.
-        for (ranks, len) in [(1, 10), (2, 1000), (3, 70_001), (4, 200_003), (5, 17)] {
+        // Sizes below and above the split (both thresholds: 2 ranks have
+        // threads of their own on any machine of 2 cores or more), and
+        // lengths that do not divide.
+        for (ranks, len) in [
+            (1, 10),
+            (2, 1000),
+            (2, 10_001),
+            (3, 70_001),
+            (4, 200_003),
+            (5, 17),
+        ] {
             for op in [Op::Sum, Op::Mean, Op::Min, Op::Max] {
                 let inputs = inputs(ranks, len);
                 let want = reference(&inputs, op);
