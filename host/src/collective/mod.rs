@@ -92,12 +92,9 @@ impl Call {
         match self {
             Call::Barrier => "barrier".into(),
             Call::Broadcast { root, .. } => format!("broadcast from rank {root}"),
-            Call::AllReduce { values, op } => format!(
-                "all-reduce ({}) of {} {}",
-                op.name(),
-                values.len(),
-                values.type_name()
-            ),
+            Call::AllReduce { values, op } => {
+                all_reduce_text(*op, values.len(), values.type_name())
+            }
             Call::AllGather { data } => format!("all-gather of {} bytes", data.len()),
         }
     }
@@ -300,6 +297,12 @@ pub(crate) fn meet(calls: Vec<Call>, max_memory: Option<u64>) -> Result<Exchange
                 .collect(),
         ),
     })
+}
+
+/// An all-reduce for messages, as [`Call::describe`] says it: "all-reduce
+/// (sum) of 10 f32".
+pub(crate) fn all_reduce_text(op: Op, len: usize, type_name: &str) -> String {
+    format!("all-reduce ({}) of {len} {type_name}", op.name())
 }
 
 /// Why a result of `bytes` cannot be handed to every rank (R32), if it

@@ -9,7 +9,7 @@ use wasmtime::component::Resource;
 use super::bindings::trainhost::train::collective::{CollectiveError, ReduceOp};
 use super::rank::RankState;
 use super::tensors::Few;
-use crate::collective::{Call, Delivered, Values};
+use crate::collective::{self, Call, Delivered, Values};
 use crate::tensor::Tensor;
 
 type Answer = wasmtime::Result<Result<(), CollectiveError>>;
@@ -19,8 +19,9 @@ impl RankState {
     /// tensor's values are moved to the exchange and come back combined in
     /// the same buffer (R33); several are gathered into one buffer first,
     /// and the combined values copied back into the tensors' own buffers
-    /// (no allocation per tensor and call). On an error every tensor holds
-    /// zeros.
+    /// (no allocation per tensor and call). With one rank they stay where
+    /// they are ([`Self::all_reduce_alone`]). On an error every tensor
+    /// holds zeros.
     pub(super) async fn all_reduce_tensors(
         &mut self,
         ts: &[Resource<Tensor>],
@@ -35,6 +36,9 @@ impl RankState {
             return Err(wasmtime::Error::msg(
                 "tensors.all-reduce-list: the same tensor is in the list twice; list each tensor once",
             ));
+        }
+        if self.info.world_size == 1 {
+            return self.all_reduce_alone(ts, o).await;
         }
         let values = match ts {
             [one] => self.table.get_mut(one)?.take_values(),
@@ -82,6 +86,43 @@ impl RankState {
                 other.map(|r| r.map(drop))
             }
         }
+    }
+
+    /// [`Self::all_reduce_tensors`] in a run of one rank. The values are
+    /// their own result (R29) and stay in their tensors: nothing is gathered
+    /// or copied back, as MPI does nothing for a communicator of one. The
+    /// round is still made, without values, so that a stopping run aborts
+    /// the call (R31); the result's size is then checked as the round
+    /// checks it with values (R32), which only tensors of over 4 GiB in a
+    /// run without a memory limit can fail (tensors count against it).
+    async fn all_reduce_alone(&mut self, ts: &[Resource<Tensor>], o: ReduceOp) -> Answer {
+        let op = super::collective::op(o);
+        let call = Call::AllReduce {
+            values: Values::F32(Vec::new()),
+            op,
+        };
+        let mut answer = self
+            .collective(call, |d| matches!(d, Delivered::Values(_)).then_some(()))
+            .await;
+        if let Ok(Ok(())) = answer {
+            let mut count = 0;
+            for t in ts {
+                count += self.table.get(t)?.value_count();
+            }
+            let call = collective::all_reduce_text(op, count, "f32");
+            let bytes = count as u64 * 4;
+            if let Some(message) =
+                collective::too_large(&call, bytes, self.shared.limits.max_memory)
+            {
+                answer = Ok(Err(CollectiveError::Invalid(message)));
+            }
+        }
+        if !matches!(answer, Ok(Ok(()))) {
+            for t in ts {
+                self.table.get_mut(t)?.refill_zeros();
+            }
+        }
+        answer
     }
 
     /// Replace the values of `t` with those of rank `root`'s tensor. Only
