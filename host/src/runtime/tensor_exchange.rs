@@ -93,8 +93,8 @@ impl RankState {
     /// or copied back, as MPI does nothing for a communicator of one. The
     /// round is still made, without values, so that a stopping run aborts
     /// the call (R31); the result's size is then checked as the round
-    /// checks it with values (R32), which only tensors of over 4 GiB in a
-    /// run without a memory limit can fail (tensors count against it).
+    /// checks it with values (R32), which only more than 4 GiB of tensors
+    /// can fail (tensors count against the memory limit).
     async fn all_reduce_alone(&mut self, ts: &[Resource<Tensor>], o: ReduceOp) -> Answer {
         let op = super::collective::op(o);
         let call = Call::AllReduce {
