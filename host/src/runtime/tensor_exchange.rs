@@ -43,11 +43,7 @@ impl RankState {
         let values = match ts {
             [one] => self.table.get_mut(one)?.take_values(),
             _ => {
-                let total = ts
-                    .iter()
-                    .map(|t| Ok(self.table.get(t)?.values().len()))
-                    .sum::<wasmtime::Result<usize>>()?;
-                let mut all = Vec::with_capacity(total);
+                let mut all = Vec::with_capacity(self.value_count(ts)?);
                 for t in ts {
                     all.extend_from_slice(self.table.get(t)?.values());
                 }
@@ -80,9 +76,7 @@ impl RankState {
                 Ok(Ok(()))
             }
             other => {
-                for t in ts {
-                    self.table.get_mut(t)?.refill_zeros();
-                }
+                self.zero(ts)?;
                 other.map(|r| r.map(drop))
             }
         }
@@ -105,10 +99,7 @@ impl RankState {
             .collective(call, |d| matches!(d, Delivered::Values(_)).then_some(()))
             .await;
         if let Ok(Ok(())) = answer {
-            let mut count = 0;
-            for t in ts {
-                count += self.table.get(t)?.value_count();
-            }
+            let count = self.value_count(ts)?;
             let call = collective::all_reduce_text(op, count, "f32");
             let bytes = count as u64 * 4;
             if let Some(message) =
@@ -118,11 +109,24 @@ impl RankState {
             }
         }
         if !matches!(answer, Ok(Ok(()))) {
-            for t in ts {
-                self.table.get_mut(t)?.refill_zeros();
-            }
+            self.zero(ts)?;
         }
         answer
+    }
+
+    /// How many values the tensors `ts` hold together.
+    fn value_count(&self, ts: &[Resource<Tensor>]) -> wasmtime::Result<usize> {
+        ts.iter()
+            .map(|t| Ok(self.table.get(t)?.value_count()))
+            .sum()
+    }
+
+    /// Every tensor of a failed all-reduce holds zeros.
+    fn zero(&mut self, ts: &[Resource<Tensor>]) -> wasmtime::Result<()> {
+        for t in ts {
+            self.table.get_mut(t)?.refill_zeros();
+        }
+        Ok(())
     }
 
     /// Replace the values of `t` with those of rank `root`'s tensor. Only
