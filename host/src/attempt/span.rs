@@ -316,6 +316,7 @@ impl Shared {
                 let link = &span.link;
                 let summed = match values {
                     Values::F32(v) => Values::F32(link.sum_over_nodes(&v)),
+                    Values::F32Parts(parts) => Values::F32(link.sum_over_nodes(&parts.concat())),
                     Values::F64(v) => Values::F64(link.sum_over_nodes(&v)),
                     Values::S64(v) => Values::S64(link.sum_over_nodes(&v)),
                 };

@@ -17,6 +17,7 @@
 
 mod latch;
 mod reduce;
+mod runs;
 mod span;
 
 use std::sync::Arc;
@@ -48,6 +49,11 @@ impl Op {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Values {
     F32(Vec<f32>),
+    /// f32 values in several buffers, taken as one after the other (a list
+    /// of host tensors): combined where they are, so that no rank gathers
+    /// them into one buffer and copies the result back. It is an
+    /// all-reduce of as many f32 as [`Values::F32`], which may meet it.
+    F32Parts(Vec<Vec<f32>>),
     F64(Vec<f64>),
     S64(Vec<i64>),
 }
@@ -56,6 +62,7 @@ impl Values {
     pub(crate) fn len(&self) -> usize {
         match self {
             Values::F32(v) => v.len(),
+            Values::F32Parts(parts) => parts.iter().map(Vec::len).sum(),
             Values::F64(v) => v.len(),
             Values::S64(v) => v.len(),
         }
@@ -63,7 +70,7 @@ impl Values {
 
     fn type_name(&self) -> &'static str {
         match self {
-            Values::F32(_) => "f32",
+            Values::F32(_) | Values::F32Parts(_) => "f32",
             Values::F64(_) => "f64",
             Values::S64(_) => "s64",
         }
@@ -71,7 +78,7 @@ impl Values {
 
     pub(crate) fn element_size(&self) -> u64 {
         match self {
-            Values::F32(_) => 4,
+            Values::F32(_) | Values::F32Parts(_) => 4,
             Values::F64(_) | Values::S64(_) => 8,
         }
     }
@@ -92,9 +99,7 @@ impl Call {
         match self {
             Call::Barrier => "barrier".into(),
             Call::Broadcast { root, .. } => format!("broadcast from rank {root}"),
-            Call::AllReduce { values, op } => {
-                all_reduce_text(*op, values.len(), values.type_name())
-            }
+            Call::AllReduce { values, op } => all_reduce_text(*op, values.len(), values),
             Call::AllGather { data } => format!("all-gather of {} bytes", data.len()),
         }
     }
@@ -299,10 +304,23 @@ pub(crate) fn meet(calls: Vec<Call>, max_memory: Option<u64>) -> Result<Exchange
     })
 }
 
-/// An all-reduce for messages, as [`Call::describe`] says it: "all-reduce
-/// (sum) of 10 f32".
-pub(crate) fn all_reduce_text(op: Op, len: usize, type_name: &str) -> String {
-    format!("all-reduce ({}) of {len} {type_name}", op.name())
+/// An all-reduce (`op`) of `len` values of the type of `like`, for
+/// messages: "all-reduce (sum) of 10 f32".
+fn all_reduce_text(op: Op, len: usize, like: &Values) -> String {
+    format!("all-reduce ({}) of {len} {}", op.name(), like.type_name())
+}
+
+/// Why an all-reduce (`op`) of `len` values of the type of `like` cannot
+/// be carried out for its size (R32), if it cannot: [`meet`]'s check, for
+/// a round made without the values (one rank leaves them in place).
+pub(crate) fn all_reduce_too_large(
+    op: Op,
+    len: usize,
+    like: &Values,
+    max_memory: Option<u64>,
+) -> Option<String> {
+    let text = all_reduce_text(op, len, like);
+    too_large(&text, len as u64 * like.element_size(), max_memory)
 }
 
 /// Why a result of `bytes` cannot be handed to every rank (R32), if it

@@ -3,7 +3,9 @@
 //! Each element of the result is `v0 op v1 op ... op vN-1`, combined in
 //! rank order, then divided by N for a mean; whichever thread computes it,
 //! the bits are the same. The result is written into every rank's buffer,
-//! which the rank then returns: no buffer is allocated for the result.
+//! which the rank then returns: no buffer is allocated for the result. A
+//! rank's values may be in several buffers, one after the other (a list of
+//! host tensors, [`Values::F32Parts`]); they are combined where they are.
 //!
 //! Small reductions are done by the thread that completes the round (one
 //! wake-up per rank, the latency of a `report`). Larger ones are split into
@@ -16,7 +18,10 @@
 use std::cell::UnsafeCell;
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
 use super::latch::Latch;
+use super::runs::{Runs, f32_buffers, f64_buffers, s64_buffers};
 use super::{Op, Values};
 use crate::executor;
 
@@ -105,19 +110,20 @@ pub(crate) struct Reduction {
     op: Op,
     /// By rank. Each cell is taken by its rank once the result is in it.
     buffers: Box<[UnsafeCell<Values>]>,
-    /// The buffers' elements, taken before the reduction is shared, so that
-    /// threads combining other slices never form references to a buffer.
+    /// Where the buffers' elements are, taken before the reduction is
+    /// shared, so that threads combining other slices never form references
+    /// to a buffer.
     elements: Elements,
     len: usize,
     /// Split across the ranks: counts the slices still being combined.
     pending: Option<Latch>,
 }
 
-/// Pointers to the elements of every rank's buffer, by rank.
+/// Where the elements of every rank's buffers are, by type.
 enum Elements {
-    F32(Vec<*mut f32>),
-    F64(Vec<*mut f64>),
-    S64(Vec<*mut i64>),
+    F32(Runs<f32>),
+    F64(Runs<f64>),
+    S64(Runs<i64>),
 }
 
 // SAFETY: the buffers are only written through `combine_range`, and the
@@ -157,36 +163,10 @@ impl Reduction {
         let bytes = len * values.first().map_or(0, |v| v.element_size() as usize);
         let ranks = values.len();
         let split = ranks > 1 && bytes >= split_from(ranks);
-        // `as_mut_ptr` forms no reference to the elements; the pointers
-        // stay valid while the vectors are moved, not resized.
         let elements = match values.first() {
-            Some(Values::F64(_)) => Elements::F64(
-                values
-                    .iter_mut()
-                    .map(|v| match v {
-                        Values::F64(v) => v.as_mut_ptr(),
-                        _ => unreachable!("types checked by meet"),
-                    })
-                    .collect(),
-            ),
-            Some(Values::S64(_)) => Elements::S64(
-                values
-                    .iter_mut()
-                    .map(|v| match v {
-                        Values::S64(v) => v.as_mut_ptr(),
-                        _ => unreachable!("types checked by meet"),
-                    })
-                    .collect(),
-            ),
-            _ => Elements::F32(
-                values
-                    .iter_mut()
-                    .map(|v| match v {
-                        Values::F32(v) => v.as_mut_ptr(),
-                        _ => unreachable!("types checked by meet"),
-                    })
-                    .collect(),
-            ),
+            Some(Values::F64(_)) => Elements::F64(Runs::new(&mut values, f64_buffers)),
+            Some(Values::S64(_)) => Elements::S64(Runs::new(&mut values, s64_buffers)),
+            _ => Elements::F32(Runs::new(&mut values, f32_buffers)),
         };
         let reduction = Self {
             op,
@@ -234,8 +214,8 @@ impl Reduction {
     /// No other thread may access `range` of any buffer meanwhile, and no
     /// buffer has been taken.
     unsafe fn combine_range(&self, range: Range<usize>) {
-        // SAFETY: passed on from the caller; every pointer is to a live
-        // buffer of `self.len` elements.
+        // SAFETY: passed on from the caller; every run is of a live buffer,
+        // and every rank's runs hold `self.len` elements.
         unsafe {
             match &self.elements {
                 Elements::F32(p) => combine(p, range, self.op),
@@ -246,21 +226,48 @@ impl Reduction {
     }
 }
 
-/// Combine `range` of the buffers at `ptrs` in rank order and write the
+/// Combine `range` of every rank's values in `runs` in rank order and
+/// write the result back to each: a stretch at a time that lies in one
+/// buffer of every rank (all of `range` when each rank has one buffer).
+///
+/// # Safety
+/// Every run is of a live buffer, every rank's runs hold at least
+/// `range.end` values, and nothing else accesses `range` of any rank's
+/// values meanwhile.
+unsafe fn combine<T: Element>(runs: &Runs<T>, range: Range<usize>, op: Op) {
+    // The stretch's first element in every rank's buffers.
+    let mut ptrs: SmallVec<[*mut T; 16]> = SmallVec::new();
+    let mut start = range.start;
+    while start < range.end {
+        let mut len = range.end - start;
+        ptrs.clear();
+        for rank in 0..runs.ranks() {
+            let (p, contiguous) = runs.at(rank, start);
+            ptrs.push(p);
+            len = len.min(contiguous);
+        }
+        // SAFETY: passed on from the caller; `len` elements from each
+        // pointer lie in one buffer.
+        unsafe { combine_stretch(&ptrs, len, op) };
+        start += len;
+    }
+}
+
+/// Combine `len` elements from each of `ptrs` in rank order and write the
 /// result back to each, a block at a time.
 ///
 /// # Safety
-/// Every pointer is valid for the whole of `range`, and nothing else
-/// accesses `range` of any buffer meanwhile.
-unsafe fn combine<T: Element>(ptrs: &[*mut T], range: Range<usize>, op: Op) {
+/// Every pointer is valid for `len` elements, and nothing else accesses
+/// them meanwhile.
+unsafe fn combine_stretch<T: Element>(ptrs: &[*mut T], len: usize, op: Op) {
     let ranks = ptrs.len();
     let mut acc = [T::default(); BLOCK];
-    let mut start = range.start;
-    while start < range.end {
-        let n = BLOCK.min(range.end - start);
+    let mut start = 0;
+    while start < len {
+        let n = BLOCK.min(len - start);
         let acc = &mut acc[..n];
-        // SAFETY: in `range`, which this thread alone accesses; each slice
-        // lives only within this block's statement.
+        // SAFETY: within the `len` elements this thread alone accesses;
+        // each slice lives only within this block's statement.
         let slice = |p: *mut T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
         acc.copy_from_slice(slice(ptrs[0]));
         // One loop per operation, so that each is compiled to vector code
@@ -332,28 +339,95 @@ mod tests {
     /// Run the reduction as the ranks do: as tasks of an executor of at
     /// most two threads, so that ranks wait for each other.
     fn run(inputs: &[Vec<f32>], op: Op) -> Vec<Vec<f32>> {
-        let ranks = inputs.len();
         let values = inputs.iter().cloned().map(Values::F32).collect();
+        run_values(values, op)
+            .into_iter()
+            .map(|v| match v {
+                Values::F32(v) => v,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// [`run`] of any values; every rank's result, by rank.
+    fn run_values(values: Vec<Values>, op: Op) -> Vec<Values> {
+        let ranks = values.len();
         let reduction = Reduction::new(values, op);
-        let results: Vec<std::sync::Mutex<Vec<f32>>> =
+        let results: Vec<std::sync::Mutex<Option<Values>>> =
             (0..ranks).map(|_| Default::default()).collect();
         let threads = ranks.min(2);
         let idle = crate::executor::IdleWait::new(threads);
         let tasks = (0..ranks).map(|r| {
             let (reduction, results) = (&reduction, &results);
             let task: crate::executor::TaskFuture<'_> = Box::pin(async move {
-                match reduction.deliver(r).await {
-                    Values::F32(v) => *results[r].lock().unwrap() = v,
-                    other => panic!("{other:?}"),
-                }
+                *results[r].lock().unwrap() = Some(reduction.deliver(r).await);
             });
             (r, task)
         });
         crate::executor::run(threads, tasks, &idle, |r, m| panic!("rank {r}: {m}"));
         results
             .into_iter()
-            .map(|r| r.into_inner().unwrap())
+            .map(|r| r.into_inner().unwrap().expect("every rank delivered"))
             .collect()
+    }
+
+    /// `values` cut into buffers of the given lengths (the last one takes
+    /// the rest).
+    fn cut(values: &[f32], lengths: &[usize]) -> Values {
+        let mut rest = values;
+        let mut parts = Vec::new();
+        for &n in lengths {
+            let (part, after) = rest.split_at(n.min(rest.len()));
+            parts.push(part.to_vec());
+            rest = after;
+        }
+        parts.push(rest.to_vec());
+        Values::F32Parts(parts)
+    }
+
+    #[test]
+    fn values_in_several_buffers_are_combined_where_they_are() {
+        // Ranks cut their values differently (empty buffers included), and
+        // may hold them in one buffer; whole and split reductions.
+        for (ranks, len) in [(2, 1000), (2, 10_001), (3, 70_001)] {
+            for op in [Op::Sum, Op::Mean, Op::Min, Op::Max] {
+                let inputs = inputs(ranks, len);
+                let want = reference(&inputs, op);
+                let cuts: [&[usize]; 3] = [&[0, 4096, 64, 0, 640], &[1, 2049, 2047], &[]];
+                let values = inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(r, v)| match r {
+                        0 => Values::F32(v.clone()),
+                        _ => cut(v, cuts[r % 3]),
+                    })
+                    .collect();
+                for (r, got) in run_values(values, op).into_iter().enumerate() {
+                    let lengths: Vec<usize> = match &got {
+                        Values::F32(v) => vec![v.len()],
+                        Values::F32Parts(parts) => parts.iter().map(Vec::len).collect(),
+                        other => panic!("{other:?}"),
+                    };
+                    let expected = match r {
+                        0 => vec![len],
+                        _ => match cut(&inputs[r], cuts[r % 3]) {
+                            Values::F32Parts(parts) => parts.iter().map(Vec::len).collect(),
+                            _ => unreachable!(),
+                        },
+                    };
+                    assert_eq!(lengths, expected, "rank {r} keeps its buffers");
+                    let Values::F32(got) = got.into_flat() else {
+                        unreachable!()
+                    };
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "ranks {ranks} len {len} {op:?} rank {r}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ fn partial_op(op: Op) -> Op {
 /// Combine `parts` (equal types and lengths) in order with `op`, then
 /// divide a mean by `ranks`.
 pub(crate) fn combine_in_order(parts: Vec<Values>, op: Op, ranks: usize) -> Values {
-    let mut parts = parts.into_iter();
+    let mut parts = parts.into_iter().map(Values::into_flat);
     let first = parts.next().expect("at least one part");
     let op_now = partial_op(op);
     macro_rules! go {
@@ -44,6 +44,7 @@ pub(crate) fn combine_in_order(parts: Vec<Values>, op: Op, ranks: usize) -> Valu
         Values::F32(acc) => go!(F32, acc),
         Values::F64(acc) => go!(F64, acc),
         Values::S64(acc) => go!(S64, acc),
+        Values::F32Parts(_) => unreachable!("flattened above"),
     }
 }
 
@@ -74,20 +75,33 @@ fn combine<T: Element>(acc: &mut [T], next: &[T], op: Op) {
 }
 
 impl Values {
+    /// The values in one buffer: [`Values::F32Parts`] joined. What goes
+    /// between nodes is one buffer; the combining across nodes copies the
+    /// values anyway.
+    pub(crate) fn into_flat(self) -> Values {
+        match self {
+            Values::F32Parts(parts) => Values::F32(parts.concat()),
+            other => other,
+        }
+    }
+
     /// The values as little-endian bytes, to send to another node.
     pub(crate) fn to_le_bytes(&self) -> Vec<u8> {
         match self {
             Values::F32(v) => to_bytes(v, f32::to_le_bytes),
+            Values::F32Parts(parts) => to_bytes(&parts.concat(), f32::to_le_bytes),
             Values::F64(v) => to_bytes(v, f64::to_le_bytes),
             Values::S64(v) => to_bytes(v, i64::to_le_bytes),
         }
     }
 
-    /// Values of the same type as `like` from little-endian `bytes`; `None`
-    /// if the length does not fit the type.
+    /// Values of the same type as `like` from little-endian `bytes`, in
+    /// one buffer; `None` if the length does not fit the type.
     pub(crate) fn from_le_bytes(like: &Values, bytes: &[u8]) -> Option<Values> {
         Some(match like {
-            Values::F32(_) => Values::F32(from_bytes(bytes, f32::from_le_bytes)?),
+            Values::F32(_) | Values::F32Parts(_) => {
+                Values::F32(from_bytes(bytes, f32::from_le_bytes)?)
+            }
             Values::F64(_) => Values::F64(from_bytes(bytes, f64::from_le_bytes)?),
             Values::S64(_) => Values::S64(from_bytes(bytes, i64::from_le_bytes)?),
         })
@@ -152,6 +166,15 @@ mod tests {
             |a: f32, b: f32| partial(vec![Values::F32(vec![a]), Values::F32(vec![b])], Op::Mean);
         let result = combine_in_order(vec![node(1.0, 2.0), node(3.0, 6.0)], Op::Mean, 4);
         assert_eq!(result, Values::F32(vec![3.0]));
+        // A node whose ranks hold their values in several buffers.
+        let parts = partial(
+            vec![
+                Values::F32Parts(vec![vec![1.0], vec![2.0, 3.0]]),
+                Values::F32(vec![10.0, 20.0, 30.0]),
+            ],
+            Op::Sum,
+        );
+        assert_eq!(parts, Values::F32(vec![11.0, 22.0, 33.0]));
         let max = combine_in_order(
             vec![Values::S64(vec![1, 9]), Values::S64(vec![5, 2])],
             Op::Max,
@@ -170,6 +193,10 @@ mod tests {
             let back = Values::from_le_bytes(&v, &v.to_le_bytes()).unwrap();
             assert_eq!(format!("{back:?}"), format!("{v:?}"));
         }
+        // Several buffers go as one, and come back as one.
+        let parts = Values::F32Parts(vec![vec![1.5], vec![], vec![-2.0, 3.0]]);
+        let back = Values::from_le_bytes(&parts, &parts.to_le_bytes()).unwrap();
+        assert_eq!(back, Values::F32(vec![1.5, -2.0, 3.0]));
         assert!(Values::from_le_bytes(&Values::F64(vec![]), &[0; 5]).is_none());
     }
 }
