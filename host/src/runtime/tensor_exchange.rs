@@ -15,7 +15,7 @@ use crate::tensor::Tensor;
 type Answer = wasmtime::Result<Result<(), CollectiveError>>;
 
 /// The result of an all-reduce of tensors.
-enum Reduced {
+enum Combined {
     /// Their own buffers, combined in place.
     Each(Vec<Vec<f32>>),
     /// One buffer of all their values: one tensor's own, or a result
@@ -62,14 +62,14 @@ impl RankState {
         };
         let answer = self
             .collective(call, |d| match d {
-                Delivered::Values(Values::F32Parts(parts)) => Some(Reduced::Each(parts)),
-                Delivered::Values(Values::F32(joined)) => Some(Reduced::Joined(joined)),
+                Delivered::Values(Values::F32Parts(parts)) => Some(Combined::Each(parts)),
+                Delivered::Values(Values::F32(joined)) => Some(Combined::Joined(joined)),
                 _ => None,
             })
             .await;
         match answer {
-            Ok(Ok(reduced)) => {
-                self.put_reduced(ts, reduced)?;
+            Ok(Ok(combined)) => {
+                self.put_combined(ts, combined)?;
                 Ok(Ok(()))
             }
             other => {
@@ -114,14 +114,18 @@ impl RankState {
     }
 
     /// Give `ts` the result of their all-reduce.
-    fn put_reduced(&mut self, ts: &[Resource<Tensor>], reduced: Reduced) -> wasmtime::Result<()> {
-        match reduced {
-            Reduced::Each(parts) => {
+    fn put_combined(
+        &mut self,
+        ts: &[Resource<Tensor>],
+        combined: Combined,
+    ) -> wasmtime::Result<()> {
+        match combined {
+            Combined::Each(parts) => {
                 for (t, part) in ts.iter().zip(parts) {
                     self.table.get_mut(t)?.put_values(part)?;
                 }
             }
-            Reduced::Joined(joined) => match ts {
+            Combined::Joined(joined) => match ts {
                 [one] => self.table.get_mut(one)?.put_values(joined)?,
                 _ => {
                     // The tensors gave their buffers up for the call.
