@@ -10,8 +10,9 @@ use super::Values;
 /// Every rank's buffers as runs of contiguous elements: rank `r`'s are
 /// `runs[firsts[r]..firsts[r + 1]]`, in the order of its values. Held
 /// inline for up to four ranks with a buffer each, so that a small
-/// all-reduce among them allocates nothing for it (allocations here cost
-/// a one-tensor all-reduce of 150 KB between 2 ranks about 0.4 µs).
+/// all-reduce among them allocates nothing for it (a first version that
+/// allocated these, and wrapped the result in one more vector, made a
+/// one-tensor all-reduce of 150 KB between 2 ranks about 0.4 µs slower).
 pub(super) struct Runs<T> {
     runs: SmallVec<[Run<T>; 4]>,
     firsts: SmallVec<[usize; 5]>,
