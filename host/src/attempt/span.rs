@@ -362,7 +362,7 @@ pub(super) fn share_preemption(shared: &Shared, span: &Span) {
     let link = &span.link;
     let mine =
         |_: u32, h: &Header| matches!(h, Header::Preempt { attempt } if *attempt == span.attempt);
-    if link.take(mine, || true).is_some() {
+    if link.take_waiting(mine).is_some() {
         // Already known everywhere: the node it came from told them all.
         shared
             .preemption_shared

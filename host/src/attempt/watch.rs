@@ -25,9 +25,8 @@ pub(super) fn watch(attempt: &Shared, done: &AtomicBool) {
         // Another node failed: stop here too, at once (not at the next
         // collective call).
         if let Some(span) = &attempt.span
-            && let Some((_, message)) = span.link.take(
+            && let Some((_, message)) = span.link.take_waiting(
                 |_, h| matches!(h, Header::Failed { attempt, .. } if *attempt == span.attempt),
-                || true,
             )
             && let Header::Failed { failure, .. } = message.header
         {

@@ -52,6 +52,10 @@ mod absent {
             match *self {}
         }
 
+        pub fn take_waiting(&self, _wanted: impl FnMut(&Envelope) -> bool) -> Option<Envelope> {
+            match *self {}
+        }
+
         pub fn discard(&self, _stale: impl Fn(&Envelope) -> bool) {
             match *self {}
         }
@@ -255,6 +259,17 @@ impl Link {
         )?;
         let from = envelope.from;
         // Its header decoded above; the frame is checked again here.
+        Message::decode(envelope.bytes).ok().map(|m| (from, m))
+    }
+
+    /// The first message here whose sender and header `wanted` accepts,
+    /// without waiting for one: for threads that look now and then (the
+    /// watcher), which must not hold the node's polling of MPI.
+    pub fn take_waiting(&self, wanted: impl Fn(u32, &Header) -> bool) -> Option<(u32, Message)> {
+        let envelope = self
+            .transport
+            .take_waiting(|e| wire::peek(&e.bytes).is_some_and(|h| wanted(e.from, &h)))?;
+        let from = envelope.from;
         Message::decode(envelope.bytes).ok().map(|m| (from, m))
     }
 

@@ -1,21 +1,29 @@
 //! The nodes of a job as MPI processes: messages between them.
 //!
-//! Every node runs one receiver thread that takes each message addressed to
-//! it off the wire (a matched probe, then a receive of exactly its size) and
-//! files it in the node's inbox. It probes without blocking: MPICH's
-//! blocking calls poll in a loop, so a receiver blocked in `MPI_Mprobe`
-//! would take a whole core from the ranks for the length of the run.
-//! Instead it probes back to back (yielding its core) for [`BURST`] after
-//! a message arrived and for [`WAIT_SPIN`] after a thread began waiting
-//! for one (a round's messages come together), and otherwise every
-//! [`IDLE_POLL`], which bounds how late a message is seen when its sender
-//! is slow, or nobody waits for it (another node's failure). Any thread may send
-//! with a blocking send: since every node always drains its incoming
-//! messages, a send completes however large the message is and whatever
-//! the receiving node's ranks are doing, and two nodes sending each other
-//! 64 MiB at once cannot deadlock. A thread waiting for a message waits on
-//! the inbox, where it can also give up when its attempt stops; a blocking
-//! MPI collective could not be abandoned by a node whose peer had failed.
+//! Messages are taken off the wire (a matched probe, then a receive of
+//! exactly its size) by whichever thread is there to do it, one at a time
+//! (so each sender's messages are filed in the order it sent them), and
+//! filed in the node's inbox. Nothing probes blocking: MPICH's blocking
+//! calls poll in a loop, so a thread blocked in `MPI_Mprobe` would take a
+//! whole core from the ranks for the length of the run.
+//!
+//! A thread waiting for a message (a leader waiting for node 0's outcome,
+//! node 0 waiting for the other nodes' calls) probes MPI itself, back to
+//! back (yielding its core) for up to [`WAIT_SPIN`], and takes its message
+//! straight off the wire: a round's messages come together, and handing
+//! each one over through another thread cost a wake through the scheduler
+//! per message. Only one waiting thread polls at a time; the others wait
+//! on the inbox. When nobody polls, the node's receiver thread does: back
+//! to back for [`BURST`] after a message arrived, and otherwise every
+//! [`IDLE_POLL`], which bounds how late a message is seen when nobody waits
+//! for it yet (another node's failure, the next round's first call).
+//!
+//! Any thread may send with a blocking send: since every node always
+//! drains its incoming messages, a send completes however large the
+//! message is and whatever the receiving node's ranks are doing, and two
+//! nodes sending each other 64 MiB at once cannot deadlock. A thread
+//! waiting for a message gives up when its attempt stops; a blocking MPI
+//! collective could not be abandoned by a node whose peer had failed.
 //! The one collective used, an all-reduce's sum ([`Node::sum_all`]), is
 //! entered only once node 0 has matched the round and told every node to:
 //! each node's leader then enters it from host code, which no guest can
@@ -25,7 +33,7 @@
 //! beside the receiver); a library that grants less is refused.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,11 +53,11 @@ const TAG: i32 = 0x7a1;
 const IDLE_POLL: Duration = Duration::from_micros(250);
 /// How long after a message the receiver keeps probing back to back.
 const BURST: Duration = Duration::from_micros(500);
-/// How long after a thread began waiting for a message the receiver keeps
-/// probing back to back: a round's other nodes arrive within a step's
-/// skew, and a receiver that fell back to polling every [`IDLE_POLL`]
-/// made every later round late too (4 KiB all-reduces across 2 nodes took
-/// 2.8 ms a round with 500 µs here).
+/// How long a waiting thread probes back to back before it waits on the
+/// inbox (and the receiver polls every [`IDLE_POLL`]): a round's other
+/// nodes arrive within a step's skew, and a node that fell back to
+/// polling every [`IDLE_POLL`] made every later round late too (4 KiB
+/// all-reduces across 2 nodes took 2.8 ms a round with 500 µs here).
 const WAIT_SPIN: Duration = Duration::from_millis(20);
 
 /// Why this process could not join the job's nodes.
@@ -67,10 +75,12 @@ pub(crate) enum JoinError {
 struct Inbox {
     messages: Mutex<VecDeque<Envelope>>,
     arrived: Condvar,
-    /// When a thread last started waiting in [`Node::take`] (since
-    /// `epoch`, in µs): the receiver probes back to back for a moment.
-    wait_started: AtomicU64,
-    epoch: Instant,
+    /// Held by the thread taking messages off the wire: one at a time, so
+    /// that each sender's messages are filed in the order it sent them.
+    receiving: Mutex<()>,
+    /// A thread waiting in [`Node::take`] polls MPI itself: the receiver
+    /// and other waiting threads keep off.
+    polled: AtomicBool,
     /// The node is leaving: the receiver stops.
     leaving: AtomicBool,
 }
@@ -80,14 +90,65 @@ impl Inbox {
         Self {
             messages: Mutex::default(),
             arrived: Condvar::new(),
-            wait_started: AtomicU64::new(0),
-            epoch: Instant::now(),
+            receiving: Mutex::new(()),
+            polled: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
         }
     }
 
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_micros() as u64
+    fn messages(&self) -> std::sync::MutexGuard<'_, VecDeque<Envelope>> {
+        self.messages.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take the first filed message `wanted` accepts, or else one message
+    /// off the wire: returned if `wanted` accepts it, filed (and waiting
+    /// threads told) if not.
+    fn receive(
+        &self,
+        world: &SimpleCommunicator,
+        wanted: &mut impl FnMut(&Envelope) -> bool,
+    ) -> Received {
+        let _one = self.receiving.lock().unwrap_or_else(|p| p.into_inner());
+        // Looked at under `receiving`: nothing filed is newer than what
+        // the probe below finds.
+        {
+            let mut messages = self.messages();
+            if let Some(i) = messages.iter().position(&mut *wanted)
+                && let Some(envelope) = messages.remove(i)
+            {
+                return Received::Wanted(envelope);
+            }
+        }
+        let Some(probed) = world.any_process().immediate_matched_probe_with_tag(TAG) else {
+            return Received::Nothing;
+        };
+        let (bytes, status) = probed.matched_receive_vec::<u8>();
+        let envelope = Envelope {
+            from: status.source_rank() as u32,
+            bytes,
+        };
+        if wanted(&envelope) {
+            return Received::Wanted(envelope);
+        }
+        self.messages().push_back(envelope);
+        self.arrived.notify_all();
+        Received::Filed
+    }
+}
+
+/// What one look at the inbox and the wire found.
+enum Received {
+    Wanted(Envelope),
+    Filed,
+    Nothing,
+}
+
+/// Gives up polling MPI (see [`Inbox::polled`]) when dropped.
+struct Polling<'a>(&'a AtomicBool);
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
@@ -176,16 +237,36 @@ impl Node {
         stop: impl Fn() -> bool,
         poll: Duration,
     ) -> Option<Envelope> {
-        self.inbox
-            .wait_started
-            .store(self.inbox.now(), Ordering::SeqCst);
+        let inbox = &*self.inbox;
+        let started = Instant::now();
+        let mut looked = started;
+        if inbox
+            .polled
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let _polling = Polling(&inbox.polled);
+            let world = SimpleCommunicator::world();
+            while started.elapsed() < WAIT_SPIN {
+                match inbox.receive(&world, &mut wanted) {
+                    Received::Wanted(envelope) => return Some(envelope),
+                    Received::Filed => continue,
+                    Received::Nothing => std::thread::yield_now(),
+                }
+                if looked.elapsed() >= poll {
+                    if stop() {
+                        return None;
+                    }
+                    looked = Instant::now();
+                }
+            }
+        }
         loop {
-            let mut messages = self.lock();
+            let mut messages = inbox.messages();
             if let Some(i) = messages.iter().position(&mut wanted) {
                 return messages.remove(i);
             }
-            messages = self
-                .inbox
+            messages = inbox
                 .arrived
                 .wait_timeout(messages, poll)
                 .unwrap_or_else(|p| p.into_inner())
@@ -200,49 +281,45 @@ impl Node {
         }
     }
 
+    /// Take the first message `wanted` accepts if one is here, without
+    /// waiting; other messages stay.
+    pub fn take_waiting(&self, wanted: impl FnMut(&Envelope) -> bool) -> Option<Envelope> {
+        let mut messages = self.inbox.messages();
+        let i = messages.iter().position(wanted)?;
+        messages.remove(i)
+    }
+
     /// What `wanted` makes of the first waiting message it accepts (the
     /// message stays).
     pub fn find<T>(&self, wanted: impl Fn(&Envelope) -> Option<T>) -> Option<T> {
-        self.lock().iter().find_map(wanted)
+        self.inbox.messages().iter().find_map(wanted)
     }
 
     /// Drop every message `stale` accepts (of an attempt that ended, say).
     pub fn discard(&self, stale: impl Fn(&Envelope) -> bool) {
-        self.lock().retain(|m| !stale(m));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Envelope>> {
-        self.inbox
-            .messages
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.inbox.messages().retain(|m| !stale(m));
     }
 }
 
-/// The receiver thread: file every message until the node leaves.
+/// The receiver thread: file every message nobody polls for, until the
+/// node leaves.
 fn receive(inbox: &Inbox) {
     let world = SimpleCommunicator::world();
-    let (burst, wait_spin) = (BURST.as_micros() as u64, WAIT_SPIN.as_micros() as u64);
-    let mut last = 0;
+    // Wants nothing: everything it takes is filed.
+    let mut nothing = |_: &Envelope| false;
+    let mut last: Option<Instant> = None;
     while !inbox.leaving.load(Ordering::SeqCst) {
-        let Some(probed) = world.any_process().immediate_matched_probe_with_tag(TAG) else {
-            let now = inbox.now();
-            if now < last + burst || now < inbox.wait_started.load(Ordering::SeqCst) + wait_spin {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(IDLE_POLL);
-            }
+        if inbox.polled.load(Ordering::SeqCst) {
+            std::thread::sleep(IDLE_POLL);
             continue;
-        };
-        let (bytes, status) = probed.matched_receive_vec::<u8>();
-        let from = status.source_rank() as u32;
-        inbox
-            .messages
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(Envelope { from, bytes });
-        inbox.arrived.notify_all();
-        last = inbox.now();
+        }
+        match inbox.receive(&world, &mut nothing) {
+            Received::Nothing if last.is_some_and(|at| at.elapsed() < BURST) => {
+                std::thread::yield_now()
+            }
+            Received::Nothing => std::thread::sleep(IDLE_POLL),
+            Received::Filed | Received::Wanted(_) => last = Some(Instant::now()),
+        }
     }
 }
 
@@ -269,7 +346,8 @@ mod tests {
     const CHILD: &str = "TRAINHOST_MPI_TEST_NODE";
 
     /// One node of the test job: every node sends every node a small
-    /// message and a large one, all at once, and checks what it gets.
+    /// message and a large one, all at once, then many small ones to two
+    /// threads waiting at once, and checks what each gets.
     #[test]
     #[ignore = "run as a node by messages_reach_every_node_under_mpiexec"]
     fn node() {
@@ -305,6 +383,41 @@ mod tests {
                 .unwrap();
             assert!(big.bytes == large(from), "the large message from {from}");
         }
+        // Two threads wait at once while the messages they want arrive
+        // interleaved: one polls MPI and takes its own straight off the
+        // wire, filing the other's; each sender's messages stay in order.
+        const EACH: u32 = 200;
+        std::thread::scope(|s| {
+            for kind in ["a", "b"] {
+                let node = &node;
+                s.spawn(move || {
+                    for from in 0..n {
+                        for i in 0..EACH {
+                            let mine = |m: &Envelope| {
+                                m.from == from && m.bytes.starts_with(kind.as_bytes())
+                            };
+                            let got = node
+                                .take(mine, || false, Duration::from_millis(10))
+                                .unwrap();
+                            assert_eq!(
+                                got.bytes,
+                                format!("{kind} {i}").as_bytes(),
+                                "from node {from}"
+                            );
+                        }
+                    }
+                });
+            }
+            let node = &node;
+            s.spawn(move || {
+                for i in 0..EACH {
+                    for to in 0..n {
+                        node.send(to, format!("a {i}").as_bytes());
+                        node.send(to, format!("b {i}").as_bytes());
+                    }
+                }
+            });
+        });
         // Nothing waits forever: a stop is honoured.
         assert!(
             node.take(|_| true, || true, Duration::from_millis(1))
