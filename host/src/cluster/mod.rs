@@ -56,6 +56,10 @@ mod absent {
             match *self {}
         }
 
+        pub fn share_host(&self, _threads: usize, _cores: usize) {
+            match *self {}
+        }
+
         pub fn discard(&self, _stale: impl Fn(&Envelope) -> bool) {
             match *self {}
         }
@@ -230,6 +234,13 @@ impl Link {
     /// How many nodes the job has.
     pub fn nodes(&self) -> u32 {
         self.nodes
+    }
+
+    /// This node runs its ranks on `threads` threads, on a host of
+    /// `cores`: whether a thread waiting for a message can poll for it
+    /// itself depends on how many processes share the host.
+    pub fn share_host(&self, threads: usize, cores: usize) {
+        self.transport.share_host(threads, cores);
     }
 
     /// Send `message` to node `to`.

@@ -44,6 +44,10 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
             per_node: trainer.scaling.num_workers,
         },
     };
+    if let Some(link) = &link {
+        let threads = crate::executor::threads_for(layout.per_node as usize);
+        link.share_host(threads, crate::executor::cores());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("trainhost-io")
