@@ -46,7 +46,7 @@ use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::point_to_point::MatchedReceiveVec;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Equivalence, Source};
+use mpi::traits::{Communicator, Destination, Equivalence, Source};
 
 use super::Envelope;
 
@@ -284,9 +284,31 @@ impl Node {
     /// MPI's own all-reduce. Every node must call it for the same round,
     /// with as many elements (at most `i32::MAX`); it blocks until all
     /// have.
-    pub fn sum_all<T: Equivalence + Copy + Default>(&self, data: &[T]) -> Vec<T> {
-        let mut out = vec![T::default(); data.len()];
-        SimpleCommunicator::world().all_reduce_into(data, &mut out[..], SystemOperation::sum());
+    ///
+    /// MPI writes the result into uninitialized capacity (`MPI_Allreduce`
+    /// itself: the `mpi` crate's wrapper wants an initialized buffer):
+    /// zeroing it first cost a 1 MiB all-reduce across 2 nodes about 5%
+    /// (0.252 against 0.240 ms a round for a host tensor, alternating
+    /// runs).
+    pub fn sum_all<T: Equivalence + Copy>(&self, data: &[T]) -> Vec<T> {
+        use mpi::raw::AsRaw;
+        let world = SimpleCommunicator::world();
+        let mut out: Vec<T> = Vec::with_capacity(data.len());
+        let count = i32::try_from(data.len()).expect("callers send at most MAX_SUMMED elements");
+        // SAFETY: both buffers hold `count` elements of `T`'s MPI
+        // datatype, and MPI has written every element of `out` when it
+        // returns (an error aborts the job: MPI_ERRORS_ARE_FATAL).
+        unsafe {
+            mpi::ffi::MPI_Allreduce(
+                data.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                count,
+                T::equivalent_datatype().as_raw(),
+                SystemOperation::sum().as_raw(),
+                world.as_raw(),
+            );
+            out.set_len(data.len());
+        }
         out
     }
 
