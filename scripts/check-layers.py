@@ -23,6 +23,7 @@ SRC = Path(__file__).resolve().parent.parent / "host" / "src"
 
 # Bottom first. The binary (bin/) and the crate root (lib.rs) sit above all.
 LAYERS = [
+    ["cores"],
     ["error", "metrics", "failure", "preemption", "alloc", "executor", "tensor"],
     ["config", "cluster"],
     ["storage", "collective"],

@@ -58,6 +58,7 @@ mod checkpoint;
 mod cluster;
 mod collective;
 mod config;
+mod cores;
 mod error;
 mod executor;
 mod failure;

@@ -60,6 +60,10 @@ mod absent {
             match *self {}
         }
 
+        pub fn host_processes(&self) -> u32 {
+            match *self {}
+        }
+
         pub fn discard(&self, _stale: impl Fn(&Envelope) -> bool) {
             match *self {}
         }
@@ -234,6 +238,12 @@ impl Link {
     /// How many nodes the job has.
     pub fn nodes(&self) -> u32 {
         self.nodes
+    }
+
+    /// How many of the job's processes (nodes) run on this host, this one
+    /// among them.
+    pub fn host_processes(&self) -> u32 {
+        self.transport.host_processes()
     }
 
     /// This node runs its ranks on `threads` threads, on a host of

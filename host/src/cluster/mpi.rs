@@ -258,13 +258,22 @@ impl Node {
         self.nodes
     }
 
+    /// How many of the job's processes run on this host, this one among
+    /// them.
+    pub fn host_processes(&self) -> u32 {
+        self.host_processes
+    }
+
     /// This node runs its ranks on `threads` threads, and the host has
     /// `cores`: a waiting thread polls MPI itself only if every process on
     /// this host can have that many cores. Where they cannot, a thread
     /// polling while it waited took the core a rank needed to finish the
-    /// round: 1 MiB all-reduces with 2 ranks on each of 2 nodes on 2 cores
-    /// took 1.9–2.1 ms a round against 0.6–1.2 ms with the receiver
-    /// polling (with a rank on each, 4 KiB took 8.4–9.2 µs against 18 µs).
+    /// round: 1 MiB all-reduces with 2 ranks on each of 2 nodes on 2 cores,
+    /// each node on 2 threads, took 1.9–2.1 ms a round against 0.6–1.2 ms
+    /// with the receiver polling (with a rank on each, 4 KiB took 8.4–9.2
+    /// µs against 18 µs). Since the processes on a host share its cores
+    /// (`crate::cores::share`), that happens only where they
+    /// outnumber the cores.
     pub fn share_host(&self, threads: usize, cores: usize) {
         let needed = self.host_processes as usize * threads;
         self.inbox

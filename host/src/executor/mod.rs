@@ -27,27 +27,19 @@ mod pool;
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
 use std::time::Instant;
 
 pub(crate) use idle::IdleWait;
 pub(crate) use pool::Pool;
 
-/// The cores this process may use, read once: `available_parallelism`
-/// reads the cgroup's limits from files each time it is called, which
-/// costs more than a small collective.
-pub(crate) fn cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
-}
-
 /// A task's future: `Send`, as any of the executor's threads may poll it,
 /// and it may borrow what outlives them.
 pub(crate) type TaskFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
-/// How many threads run `tasks` futures: one per core at most.
+/// How many threads run `tasks` futures: one per core this process may use
+/// at most ([`crate::cores`]).
 pub(crate) fn threads_for(tasks: usize) -> usize {
-    tasks.clamp(1, cores())
+    tasks.clamp(1, crate::cores::cores())
 }
 
 thread_local! {

@@ -21,11 +21,11 @@ pub use layers::{DenseGrads, dense, dense_backward, sgd_momentum_list};
 
 /// The threads the kernels of one of `local_ranks` ranks on this host may
 /// use: an equal share of the cores this process may run on (its CPU
-/// affinity and cgroup quota), at least one. Ranks computing at once then
-/// never ask for more threads than there are cores.
+/// affinity and cgroup quota, shared with the job's other processes on
+/// this host), at least one. Ranks computing at once then never ask for
+/// more threads than there are cores.
 pub fn threads_per_rank(local_ranks: u32) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / local_ranks.max(1) as usize).max(1)
+    (crate::cores::cores() / local_ranks.max(1) as usize).max(1)
 }
 
 /// Why a kernel refused a call.

@@ -45,8 +45,18 @@ pub(super) fn fit(trainer: &Trainer) -> Result<TrainResult, Error> {
         },
     };
     if let Some(link) = &link {
+        let host_processes = link.host_processes() as usize;
+        crate::cores::share(host_processes);
+        if host_processes > 1 {
+            tracing::info!(
+                host_processes,
+                cores = crate::cores::cores(),
+                host_cores = crate::cores::host_cores(),
+                "the job's processes on this host share its cores"
+            );
+        }
         let threads = crate::executor::threads_for(layout.per_node as usize);
-        link.share_host(threads, crate::executor::cores());
+        link.share_host(threads, crate::cores::host_cores());
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

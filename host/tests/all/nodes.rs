@@ -30,6 +30,15 @@ fn have_mpiexec() -> bool {
 /// `mpiexec` with `sections`, each `(processes, trainhost run arguments)`
 /// (several sections give nodes different arguments), in `dir`.
 fn mpiexec(sections: &[(u32, Vec<String>)], dir: &Path) -> (bool, String, String) {
+    mpiexec_logging(sections, dir, "warn")
+}
+
+/// [`mpiexec`], logging what `log` (`RUST_LOG`) lets through.
+fn mpiexec_logging(
+    sections: &[(u32, Vec<String>)],
+    dir: &Path,
+    log: &str,
+) -> (bool, String, String) {
     let mut command = Command::new("mpiexec");
     for (i, (n, args)) in sections.iter().enumerate() {
         if i > 0 {
@@ -43,7 +52,7 @@ fn mpiexec(sections: &[(u32, Vec<String>)], dir: &Path) -> (bool, String, String
     }
     let out: Output = command
         .current_dir(dir)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", log)
         .env("TRAINHOST_CACHE_DIR", dir.join("compile-cache"))
         .output()
         .unwrap();
@@ -117,6 +126,28 @@ fn every_rank_knows_its_place_over_two_nodes() {
         stderr.contains("node 1 of 2: its ranks are done"),
         "{stderr}"
     );
+}
+
+#[test]
+fn nodes_on_one_host_split_its_cores() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let args = scripted_args(2, json!([{"report": {"i": 1}}]), &[]);
+    let (ok, stdout, stderr) = mpiexec_logging(&[(2, args)], dir.path(), "info");
+    assert!(ok, "{stdout}\n{stderr}");
+    // As the test's process counts them: the same affinity and quota.
+    let host = std::thread::available_parallelism().map_or(1, usize::from);
+    let want = format!(
+        "host_processes=2 cores={} host_cores={host}",
+        (host / 2).max(1)
+    );
+    let shared = stderr
+        .lines()
+        .filter(|l| l.contains("share its cores") && l.contains(&want))
+        .count();
+    assert_eq!(shared, 2, "each node says so once: {want}\n{stderr}");
 }
 
 #[test]
