@@ -81,11 +81,11 @@ mod absent {
 /// A number type the nodes can sum element-wise with the transport's own
 /// all-reduce ([`Link::sum_over_nodes`]).
 #[cfg(feature = "mpi")]
-pub(crate) trait Summable: ::mpi::traits::Equivalence + Copy + Default {}
+pub(crate) trait Summable: ::mpi::traits::Equivalence + Copy {}
 /// A number type the nodes can sum element-wise with the transport's own
 /// all-reduce ([`Link::sum_over_nodes`]).
 #[cfg(not(feature = "mpi"))]
-pub(crate) trait Summable: Copy + Default {}
+pub(crate) trait Summable: Copy {}
 
 impl Summable for f32 {}
 impl Summable for f64 {}
@@ -273,25 +273,15 @@ impl Link {
         wanted: impl Fn(u32, &Header) -> bool,
         stop: impl Fn() -> bool,
     ) -> Option<(u32, Message)> {
-        let envelope = self.transport.take(
-            |e| wire::peek(&e.bytes).is_some_and(|h| wanted(e.from, &h)),
-            stop,
-            POLL,
-        )?;
-        let from = envelope.from;
-        // Its header decoded above; the frame is checked again here.
-        Message::decode(envelope.bytes).ok().map(|m| (from, m))
+        let envelope = self.transport.take(accepting(wanted), stop, POLL)?;
+        open(envelope)
     }
 
     /// The first message here whose sender and header `wanted` accepts,
     /// without waiting for one: for threads that look now and then (the
     /// watcher), which must not hold the node's polling of MPI.
     pub fn take_waiting(&self, wanted: impl Fn(u32, &Header) -> bool) -> Option<(u32, Message)> {
-        let envelope = self
-            .transport
-            .take_waiting(|e| wire::peek(&e.bytes).is_some_and(|h| wanted(e.from, &h)))?;
-        let from = envelope.from;
-        Message::decode(envelope.bytes).ok().map(|m| (from, m))
+        open(self.transport.take_waiting(accepting(wanted))?)
     }
 
     /// The next message from node `from` whose header `wanted` accepts,
@@ -332,6 +322,19 @@ impl Link {
         self.transport
             .discard(|e| wire::peek(&e.bytes).is_none_or(|h| stale(&h)));
     }
+}
+
+/// An envelope filter from a filter of sender and header: an envelope
+/// whose header does not decode is not wanted.
+fn accepting(wanted: impl Fn(u32, &Header) -> bool) -> impl FnMut(&Envelope) -> bool {
+    move |e| wire::peek(&e.bytes).is_some_and(|h| wanted(e.from, &h))
+}
+
+/// A taken envelope's sender and message. Its header decoded when it was
+/// taken; the whole frame is checked here.
+fn open(envelope: Envelope) -> Option<(u32, Message)> {
+    let from = envelope.from;
+    Message::decode(envelope.bytes).ok().map(|m| (from, m))
 }
 
 #[cfg(test)]
