@@ -36,7 +36,7 @@ impl Shared {
     pub(super) fn lead_across(&self, span: &Span, mut arrivals: Vec<Arrival>) -> Outcome {
         let round = self.gate.rounds();
         let link = &span.link;
-        let mut mine = node_calls(&arrivals, span.layout.world_rank(0));
+        let mut mine = node_calls(&mut arrivals, span.layout.world_rank(0));
         let partial = mine.partial.take();
         let shapes = arrivals_shapes(&arrivals);
         let settlement = if link.index() == 0 {
@@ -175,6 +175,7 @@ impl Shared {
                     parts,
                     files,
                     partial: None,
+                    elements: 0,
                 })
             })
             .collect()
@@ -213,14 +214,17 @@ impl Shared {
         };
         let world = span.layout.world_size() as usize;
         let max_memory = self.limits.max_memory;
+        // As the first rank called it: `node_calls` took the data out of
+        // the calls.
+        let described = &calls[0].describe;
+        let elements = all[0].elements;
         match call {
             Call::Barrier => settled(Settled::Exchanged),
             Call::Broadcast { root, .. } => {
                 let node = (*root / span.layout.per_node) as usize;
                 match all.get(node).and_then(|n| n.parts.first()) {
                     Some(data) => {
-                        match collective::too_large(&call.describe(), data.len() as u64, max_memory)
-                        {
+                        match collective::too_large(described, data.len() as u64, max_memory) {
                             Some(message) => settled(Settled::Invalid(message)),
                             None => Settlement {
                                 outcome: Settled::Exchanged,
@@ -237,7 +241,7 @@ impl Shared {
             Call::AllGather { .. } => {
                 let pieces: Vec<Vec<u8>> = all.iter().flat_map(|n| n.parts.clone()).collect();
                 let bytes = pieces.iter().map(|p| p.len() as u64 + 8).sum();
-                match collective::too_large(&call.describe(), bytes, max_memory) {
+                match collective::too_large(described, bytes, max_memory) {
                     Some(message) => settled(Settled::Invalid(message)),
                     None => Settlement {
                         outcome: Settled::Exchanged,
@@ -252,11 +256,11 @@ impl Shared {
                             .into(),
                     ));
                 }
-                let bytes = values.len() as u64 * values.element_size();
-                if let Some(message) = collective::too_large(&call.describe(), bytes, max_memory) {
+                let bytes = elements as u64 * values.element_size();
+                if let Some(message) = collective::too_large(described, bytes, max_memory) {
                     return settled(Settled::Invalid(message));
                 }
-                if collective::sums_over_nodes(*op, values.len()) {
+                if collective::sums_over_nodes(*op, elements) {
                     // Every node's signature is this one: each kept its
                     // partial for MPI.
                     return settled(Settled::SumOverNodes);
@@ -266,7 +270,7 @@ impl Shared {
                     .map(|n| Values::from_le_bytes(values, n.parts.first()?))
                     .collect();
                 match partials {
-                    Some(partials) if partials.iter().all(|p| p.len() == values.len()) => {
+                    Some(partials) if partials.iter().all(|p| p.len() == elements) => {
                         let result = collective::combine_in_order(partials, *op, world);
                         Settlement {
                             outcome: Settled::Exchanged,

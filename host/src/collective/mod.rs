@@ -76,6 +76,17 @@ impl Values {
         }
     }
 
+    /// The values, leaving an empty buffer of their type in their place.
+    pub(crate) fn take(&mut self) -> Values {
+        let empty = match self {
+            Values::F32(_) => Values::F32(Vec::new()),
+            Values::F32Parts(_) => Values::F32Parts(Vec::new()),
+            Values::F64(_) => Values::F64(Vec::new()),
+            Values::S64(_) => Values::S64(Vec::new()),
+        };
+        std::mem::replace(self, empty)
+    }
+
     pub(crate) fn element_size(&self) -> u64 {
         match self {
             Values::F32(_) | Values::F32Parts(_) => 4,

@@ -196,6 +196,39 @@ fn collectives_span_the_nodes_with_one_result_everywhere() {
 }
 
 #[test]
+fn a_result_over_the_memory_limit_is_refused_on_every_node_naming_the_call() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        // 2 × 40 MiB gathered into every rank: over 64 MiB.
+        {"all_gather": "", "bytes": 40 << 20},
+        {"all_gather": "small {rank}"},
+    ]);
+    let args = scripted_args(2, steps, &["--max-memory", "64MiB"]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    let want = format!(
+        "collective error: invalid collective call: the result of all-gather of {} bytes would take",
+        40 << 20
+    );
+    for rank in 0..2 {
+        let lines = rank_lines(&stdout, rank);
+        assert!(
+            lines
+                .first()
+                .is_some_and(|l| l.starts_with(&want) && l.contains("(--max-memory)")),
+            "rank {rank}: {want}\n{stdout}"
+        );
+        assert!(
+            lines.contains(&"all_gather: small 0|small 1"),
+            "rank {rank}\n{stdout}"
+        );
+    }
+}
+
+#[test]
 fn collectives_of_host_tensors_span_the_nodes() {
     if !have_mpiexec() {
         return;
