@@ -2,27 +2,30 @@
 //! subcommand maps its flags onto the library's settings (`run.rs`,
 //! `checkpoints.rs`); the library checks them.
 
-/// `eprintln!` that does not panic when stderr is closed (`trainhost run
-/// ... 2>&1 | head`): what cannot be shown is dropped and the run goes on.
+/// `eprintln!` that writes the line whole (`out::line`) and does not panic
+/// when stderr is closed (`trainhost run ... 2>&1 | head`): what cannot be
+/// shown is dropped and the run goes on.
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
+    () => {
+        crate::out::line(std::io::stderr(), format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        crate::out::line(std::io::stderr(), format_args!($($arg)*))
+    };
 }
 
-/// `println!` that does not panic when stdout is closed
-/// (`trainhost checkpoints RUN | head -3`).
+/// `println!` that writes the line whole and does not panic when stdout is
+/// closed (`trainhost checkpoints RUN | head -3`).
 macro_rules! show {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        crate::out::line(std::io::stdout(), format_args!($($arg)*))
+    };
 }
 
 mod args;
 mod checkpoints;
 mod metrics;
+mod out;
 mod plot;
 mod run;
 
