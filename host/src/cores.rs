@@ -34,9 +34,10 @@ pub(crate) fn cores() -> usize {
     share_of(host_cores(), HOST_PROCESSES.load(Ordering::Relaxed))
 }
 
-/// One process's share of `cores` shared by `processes`: at least one.
-fn share_of(cores: usize, processes: usize) -> usize {
-    (cores / processes.max(1)).max(1)
+/// One sharer's part of `cores` split equally among `sharers` (the
+/// processes on a host, or the ranks in one): at least one.
+pub(crate) fn share_of(cores: usize, sharers: usize) -> usize {
+    (cores / sharers.max(1)).max(1)
 }
 
 #[cfg(test)]

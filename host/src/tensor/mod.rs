@@ -25,7 +25,7 @@ pub use layers::{DenseGrads, dense, dense_backward, sgd_momentum_list};
 /// this host), at least one. Ranks computing at once then never ask for
 /// more threads than there are cores.
 pub fn threads_per_rank(local_ranks: u32) -> usize {
-    (crate::cores::cores() / local_ranks.max(1) as usize).max(1)
+    crate::cores::share_of(crate::cores::cores(), local_ranks as usize)
 }
 
 /// Why a kernel refused a call.
