@@ -1,6 +1,15 @@
-//! What nodes say to each other, and how it is framed: a header (JSON, so
-//! that every field is named and checked) and raw payload bytes (the data
-//! of a collective, never encoded).
+//! What nodes say to each other, and how it is framed: a header and raw
+//! payload bytes (the data of a collective, never encoded).
+//!
+//! Headers come in two forms. The start's `Hello` and `Verdict`, which
+//! carry the comparison of every node's trainhost version (R37), are JSON:
+//! a node of another version still reads them and can say what differs.
+//! Every later message passes only between nodes that agreed they run the
+//! same trainhost, and goes in postcard's compact binary form, behind a
+//! byte no JSON text starts with. A round across nodes sends two headers
+//! (a node's calls, node 0's outcome): encoding and reading them took about
+//! 1.2 µs in JSON and 0.45 µs in binary, and a 4 KiB all-reduce across 2
+//! nodes of a rank went from 4.4 to 3.6 µs a round (alternating runs).
 
 use serde::{Deserialize, Serialize};
 
@@ -155,6 +164,41 @@ pub(crate) struct Message {
     pub payload: Vec<u8>,
 }
 
+/// The first byte of a header in binary form: a UTF-8 continuation byte,
+/// which never starts a JSON text.
+const BINARY: u8 = 0xB1;
+
+impl Header {
+    /// Whether a node of another trainhost version must be able to read
+    /// this header: the start's messages that compare versions.
+    fn read_across_versions(&self) -> bool {
+        matches!(self, Self::Hello { .. } | Self::Verdict { .. })
+    }
+
+    /// The header as sent: JSON, or [`BINARY`] and postcard.
+    fn encode(&self) -> Vec<u8> {
+        if self.read_across_versions() {
+            serde_json::to_vec(self).expect("headers serialize")
+        } else {
+            let mut bytes = vec![BINARY];
+            bytes.extend(postcard::to_allocvec(self).expect("headers serialize"));
+            bytes
+        }
+    }
+
+    /// A header in either form; binary with nothing after its end.
+    fn decode(bytes: &[u8]) -> Result<Self, Garbled> {
+        match bytes.split_first() {
+            Some((&BINARY, binary)) => match postcard::take_from_bytes(binary) {
+                Ok((header, [])) => Ok(header),
+                Ok(_) => Err(Garbled("bytes after the header".into())),
+                Err(e) => Err(Garbled(e.to_string())),
+            },
+            _ => serde_json::from_slice(bytes).map_err(|e| Garbled(e.to_string())),
+        }
+    }
+}
+
 /// A message that does not decode: a bug, or another program on the wire.
 #[derive(Debug, thiserror::Error)]
 #[error("a message from another node does not decode: {0}")]
@@ -168,9 +212,9 @@ impl Message {
         }
     }
 
-    /// `[header length: u32 LE][header JSON][payload]`.
+    /// `[header length: u32 LE][header][payload]`.
     pub fn encode(&self) -> Vec<u8> {
-        let header = serde_json::to_vec(&self.header).expect("headers serialize");
+        let header = self.header.encode();
         let mut out = Vec::with_capacity(4 + header.len() + self.payload.len());
         out.extend_from_slice(&(header.len() as u32).to_le_bytes());
         out.extend_from_slice(&header);
@@ -187,7 +231,7 @@ impl Message {
             .checked_add(len)
             .filter(|end| *end <= bytes.len())
             .ok_or_else(|| Garbled("header longer than the message".into()))?;
-        let header = serde_json::from_slice(&bytes[4..end]).map_err(|e| Garbled(e.to_string()))?;
+        let header = Header::decode(&bytes[4..end])?;
         let payload = bytes.split_off(end);
         Ok(Self { header, payload })
     }
@@ -196,7 +240,7 @@ impl Message {
 /// The header of an encoded message, without copying its payload.
 pub(crate) fn peek(bytes: &[u8]) -> Option<Header> {
     let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
-    serde_json::from_slice(bytes.get(4..4usize.checked_add(len)?)?).ok()
+    Header::decode(bytes.get(4..4usize.checked_add(len)?)?).ok()
 }
 
 /// Split `payload` into pieces of the given lengths.
@@ -247,5 +291,83 @@ mod tests {
         assert!(Message::decode(vec![1]).is_err());
         assert!(Message::decode(vec![200, 0, 0, 0, b'{']).is_err());
         assert!(Message::decode(vec![1, 0, 0, 0, b'x']).is_err());
+    }
+
+    fn header_bytes(header: &Header) -> Vec<u8> {
+        let frame = Message::new(header.clone()).encode();
+        let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
+        frame[4..4 + len].to_vec()
+    }
+
+    #[test]
+    fn the_start_speaks_json_and_a_running_attempt_binary() {
+        let hello = Header::Hello {
+            fingerprint: vec![("trainhost".into(), "0.1.0".into())],
+        };
+        let verdict = Header::Verdict {
+            run: Err("node 1 runs trainhost 0.2.0".into()),
+        };
+        for header in [&hello, &verdict] {
+            let bytes = header_bytes(header);
+            // What another version reads.
+            let json: Header = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(&json, header);
+        }
+        let failure = RunFailure {
+            rank: Some(3),
+            kind: crate::failure::FailureKind::Trap,
+            message: "unreachable".into(),
+        };
+        let running = [
+            Header::Settle {
+                attempt: 1,
+                round: 9,
+                outcome: Settled::Mismatch("rank 0 called barrier".into()),
+                parts: vec![4096],
+            },
+            Header::Settle {
+                attempt: 1,
+                round: 10,
+                outcome: Settled::Recorded {
+                    preempt_after: Some(12),
+                },
+                parts: vec![],
+            },
+            Header::Failed {
+                attempt: 2,
+                failure: failure.clone(),
+            },
+            Header::Ended {
+                attempt: 2,
+                failure: Some(failure),
+                stop_requested: false,
+                preempted: true,
+            },
+            Header::Attempt {
+                attempt: 3,
+                next: Next::Run {
+                    resume: Some("checkpoint_000004".into()),
+                },
+            },
+        ];
+        for header in running {
+            let bytes = header_bytes(&header);
+            assert_eq!(bytes[0], BINARY, "{header:?}");
+            let message = Message {
+                header: header.clone(),
+                payload: vec![9; 3],
+            };
+            assert_eq!(Message::decode(message.encode()).unwrap(), message);
+            assert_eq!(peek(&message.encode()), Some(header));
+        }
+        // An older node's JSON header still reads.
+        let json = serde_json::to_vec(&Header::Over { attempt: 4 }).unwrap();
+        assert_eq!(Header::decode(&json).unwrap(), Header::Over { attempt: 4 });
+        // A binary header with bytes after its end, or cut short, does not.
+        let mut longer = header_bytes(&Header::Over { attempt: 4 });
+        longer.push(0);
+        assert!(Header::decode(&longer).is_err());
+        let short = header_bytes(&Header::Preempt { attempt: 1 << 40 });
+        assert!(Header::decode(&short[..short.len() - 1]).is_err());
     }
 }
