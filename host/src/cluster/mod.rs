@@ -27,6 +27,27 @@ use mpi::Node as Transport;
 pub(crate) struct Envelope {
     pub from: u32,
     pub bytes: Vec<u8>,
+    /// Its header, read the first time a filter looks at it: a message
+    /// waiting in the inbox is looked at by every take until one wants
+    /// it, and the one taken is opened without reading it again.
+    header: OnceCell<Option<Header>>,
+}
+
+impl Envelope {
+    /// Made by the transport, which exists with the `mpi` feature.
+    #[cfg(any(feature = "mpi", test))]
+    pub fn new(from: u32, bytes: Vec<u8>) -> Self {
+        Self {
+            from,
+            bytes,
+            header: OnceCell::new(),
+        }
+    }
+
+    /// Its header, if it decodes.
+    fn header(&self) -> Option<&Header> {
+        self.header.get_or_init(|| wire::peek(&self.bytes)).as_ref()
+    }
 }
 
 /// Without the `mpi` feature there is no transport: [`Link`] cannot be
@@ -95,6 +116,7 @@ impl Summable for i64 {}
 /// are C ints).
 pub(crate) const MAX_SUMMED: usize = i32::MAX as usize;
 
+use std::cell::OnceCell;
 use std::time::Duration;
 
 use crate::error::Error;
@@ -301,9 +323,10 @@ impl Link {
     pub fn find(&self, from: u32, wanted: impl Fn(&Header) -> bool) -> Option<Header> {
         self.transport.find(|e| {
             (e.from == from)
-                .then(|| wire::peek(&e.bytes))
+                .then(|| e.header())
                 .flatten()
                 .filter(|h| wanted(h))
+                .cloned()
         })
     }
 
@@ -319,22 +342,26 @@ impl Link {
     /// Drop waiting messages whose header `stale` accepts (and any that
     /// does not decode).
     pub fn discard(&self, stale: impl Fn(&Header) -> bool) {
-        self.transport
-            .discard(|e| wire::peek(&e.bytes).is_none_or(|h| stale(&h)));
+        self.transport.discard(|e| e.header().is_none_or(&stale));
     }
 }
 
 /// An envelope filter from a filter of sender and header: an envelope
 /// whose header does not decode is not wanted.
 fn accepting(wanted: impl Fn(u32, &Header) -> bool) -> impl FnMut(&Envelope) -> bool {
-    move |e| wire::peek(&e.bytes).is_some_and(|h| wanted(e.from, &h))
+    move |e| e.header().is_some_and(|h| wanted(e.from, h))
 }
 
-/// A taken envelope's sender and message. Its header decoded when it was
-/// taken; the whole frame is checked here.
+/// A taken envelope's sender and message. Its header was read when it
+/// was taken.
 fn open(envelope: Envelope) -> Option<(u32, Message)> {
-    let from = envelope.from;
-    Message::decode(envelope.bytes).ok().map(|m| (from, m))
+    let Envelope {
+        from,
+        bytes,
+        header,
+    } = envelope;
+    let header = header.into_inner().flatten()?;
+    Message::after_peek(header, bytes).ok().map(|m| (from, m))
 }
 
 #[cfg(test)]
@@ -396,6 +423,22 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn an_envelope_opens_with_the_header_its_filter_read() {
+        let message = Message {
+            header: Header::Over { attempt: 3 },
+            payload: vec![1, 2, 3],
+        };
+        let envelope = Envelope::new(1, message.encode());
+        let mut wanted = accepting(|from, h| from == 1 && matches!(h, Header::Over { .. }));
+        assert!(wanted(&envelope));
+        assert!(envelope.header.get().is_some(), "read once, kept");
+        assert_eq!(open(envelope), Some((1, message)));
+        let garbage = Envelope::new(1, vec![9, 0, 0, 0, 1]);
+        assert!(!accepting(|_, _| true)(&garbage));
+        assert_eq!(open(garbage), None);
     }
 
     #[test]

@@ -168,10 +168,7 @@ impl Inbox {
             return Received::Nothing;
         };
         let (bytes, status) = probed.matched_receive_vec::<u8>();
-        let envelope = Envelope {
-            from: status.source_rank() as u32,
-            bytes,
-        };
+        let envelope = Envelope::new(status.source_rank() as u32, bytes);
         if wanted(&envelope) {
             return Received::Wanted(envelope);
         }

@@ -222,25 +222,29 @@ impl Message {
         out
     }
 
-    pub fn decode(mut bytes: Vec<u8>) -> Result<Self, Garbled> {
-        let len = bytes
-            .get(..4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-            .ok_or_else(|| Garbled("shorter than its frame".into()))?;
-        let end = 4usize
-            .checked_add(len)
-            .filter(|end| *end <= bytes.len())
-            .ok_or_else(|| Garbled("header longer than the message".into()))?;
-        let header = Header::decode(&bytes[4..end])?;
+    /// The message of `bytes`, whose header [`peek`] read already.
+    pub fn after_peek(header: Header, mut bytes: Vec<u8>) -> Result<Self, Garbled> {
+        let end = header_end(&bytes)?;
         let payload = bytes.split_off(end);
         Ok(Self { header, payload })
     }
 }
 
+/// Where the header of an encoded message ends.
+fn header_end(bytes: &[u8]) -> Result<usize, Garbled> {
+    let len = bytes
+        .get(..4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+        .ok_or_else(|| Garbled("shorter than its frame".into()))?;
+    4usize
+        .checked_add(len)
+        .filter(|end| *end <= bytes.len())
+        .ok_or_else(|| Garbled("header longer than the message".into()))
+}
+
 /// The header of an encoded message, without copying its payload.
 pub(crate) fn peek(bytes: &[u8]) -> Option<Header> {
-    let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
-    Header::decode(bytes.get(4..4usize.checked_add(len)?)?).ok()
+    Header::decode(&bytes[4..header_end(bytes).ok()?]).ok()
 }
 
 /// Split `payload` into pieces of the given lengths.
@@ -261,6 +265,15 @@ pub(crate) fn split(payload: &[u8], parts: &[u64]) -> Result<Vec<Vec<u8>>, Garbl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Message {
+        /// Header and payload, as a node reads them.
+        fn decode(bytes: Vec<u8>) -> Result<Self, Garbled> {
+            let end = header_end(&bytes)?;
+            let header = Header::decode(&bytes[4..end])?;
+            Self::after_peek(header, bytes)
+        }
+    }
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
