@@ -267,7 +267,8 @@ mod tests {
     use super::*;
 
     impl Message {
-        /// Header and payload, as a node reads them.
+        /// The whole frame at once (a node reads the header with `peek`
+        /// when it looks for a message, then the rest with `after_peek`).
         fn decode(bytes: Vec<u8>) -> Result<Self, Garbled> {
             let end = header_end(&bytes)?;
             let header = Header::decode(&bytes[4..end])?;
