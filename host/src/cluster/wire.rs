@@ -175,14 +175,13 @@ impl Header {
         matches!(self, Self::Hello { .. } | Self::Verdict { .. })
     }
 
-    /// The header as sent: JSON, or [`BINARY`] and postcard.
-    fn encode(&self) -> Vec<u8> {
+    /// The header as sent, after `out`: JSON, or [`BINARY`] and postcard.
+    fn encode_into(&self, out: &mut Vec<u8>) {
         if self.read_across_versions() {
-            serde_json::to_vec(self).expect("headers serialize")
+            serde_json::to_writer(&mut *out, self).expect("headers serialize");
         } else {
-            let mut bytes = vec![BINARY];
-            bytes.extend(postcard::to_allocvec(self).expect("headers serialize"));
-            bytes
+            out.push(BINARY);
+            *out = postcard::to_extend(self, std::mem::take(out)).expect("headers serialize");
         }
     }
 
@@ -212,12 +211,14 @@ impl Message {
         }
     }
 
-    /// `[header length: u32 LE][header][payload]`.
+    /// `[header length: u32 LE][header][payload]`, the header written in
+    /// place (most are well under 256 bytes).
     pub fn encode(&self) -> Vec<u8> {
-        let header = self.header.encode();
-        let mut out = Vec::with_capacity(4 + header.len() + self.payload.len());
-        out.extend_from_slice(&(header.len() as u32).to_le_bytes());
-        out.extend_from_slice(&header);
+        let mut out = Vec::with_capacity(4 + 256 + self.payload.len());
+        out.extend_from_slice(&[0; 4]);
+        self.header.encode_into(&mut out);
+        let header = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&header.to_le_bytes());
         out.extend_from_slice(&self.payload);
         out
     }
