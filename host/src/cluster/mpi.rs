@@ -337,8 +337,6 @@ impl Node {
         poll: Duration,
     ) -> Option<Envelope> {
         let inbox = &*self.inbox;
-        let started = Instant::now();
-        let mut looked = started;
         if inbox.poll_itself.load(Ordering::Relaxed)
             && inbox
                 .polled
@@ -347,18 +345,25 @@ impl Node {
         {
             let _polling = Polling(inbox);
             let world = SimpleCommunicator::world();
-            while started.elapsed() < WAIT_SPIN {
-                match inbox.receive(&world, &mut wanted) {
+            // One clock read a probe: the time waited says when to stop
+            // spinning, to stop yielding and to ask `stop` again.
+            let started = Instant::now();
+            let mut looked = Duration::ZERO;
+            loop {
+                let received = inbox.receive(&world, &mut wanted);
+                let waited = started.elapsed();
+                match received {
                     Received::Wanted(envelope) => return Some(envelope),
+                    _ if waited >= WAIT_SPIN => break,
                     Received::Filed => continue,
-                    Received::Nothing if started.elapsed() < PURE_SPIN => std::hint::spin_loop(),
+                    Received::Nothing if waited < PURE_SPIN => std::hint::spin_loop(),
                     Received::Nothing => std::thread::yield_now(),
                 }
-                if looked.elapsed() >= poll {
+                if waited - looked >= poll {
                     if stop() {
                         return None;
                     }
-                    looked = Instant::now();
+                    looked = waited;
                 }
             }
         } else {
