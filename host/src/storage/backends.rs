@@ -97,8 +97,9 @@ fn payload_signing(b: AmazonS3Builder, pairs: &[(String, String)]) -> AmazonS3Bu
 /// CLI does, since nothing else guards the bytes on the way; over HTTPS
 /// (AWS itself when no endpoint is given) they send `UNSIGNED-PAYLOAD`, as
 /// the AWS CLI and SDKs do, since TLS guards them. Signing there would
-/// hash every part of a multipart upload a second time for its signature
-/// alone: the manifest's digest is of the whole file, not of a part.
+/// cost every part of a multipart upload a digest of its own for its
+/// signature alone (the manifest's digest is of the whole file, not of a
+/// part), about a third more hashing (`part_digests`).
 fn signs_payload(endpoint: Option<&str>) -> bool {
     endpoint.is_some_and(|e| {
         !e.get(..8)
@@ -122,12 +123,22 @@ fn missing_credentials(url: &str, what: &str) -> Error {
     ))
 }
 
+/// A cloud URL's store, as [`cloud`] opens it.
+pub(super) struct Cloud {
+    pub(super) store: Arc<dyn ObjectStore>,
+    /// The path the URL names in the store.
+    pub(super) root: ObjectPath,
+    /// Whether every request is signed with its payload's SHA-256 (S3,
+    /// unless the payload goes unsigned or nothing is signed).
+    pub(super) signs_payloads: bool,
+}
+
 /// The object store and root path of a cloud URL.
 pub(super) fn cloud(
     location: &str,
     url: &url::Url,
     options: &StorageOptions,
-) -> Result<(Arc<dyn ObjectStore>, ObjectPath), Error> {
+) -> Result<Cloud, Error> {
     if matches!(
         url.scheme(),
         "s3" | "s3a" | "gs" | "az" | "azure" | "abfs" | "abfss"
@@ -144,7 +155,7 @@ pub(super) fn cloud(
         ))
     })?;
     let (pairs, metadata) = split(options)?;
-    let store: Arc<dyn ObjectStore> = match scheme {
+    let (store, signs_payloads): (Arc<dyn ObjectStore>, bool) = match scheme {
         ObjectStoreScheme::AmazonS3 => {
             let mut b = AmazonS3Builder::from_env()
                 .with_url(url.as_str())
@@ -156,6 +167,12 @@ pub(super) fn cloud(
                 b = b.with_config(key, v);
             }
             b = payload_signing(b, &pairs);
+            let set = |key| {
+                b.get_config_value(&key)
+                    .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            };
+            let signs_payloads =
+                !set(AmazonS3ConfigKey::UnsignedPayload) && !set(AmazonS3ConfigKey::SkipSignature);
             let has = given(
                 &pairs,
                 &[
@@ -172,7 +189,10 @@ pub(super) fn cloud(
                     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary keys), or the storage options aws_access_key_id and aws_secret_access_key",
                 ));
             }
-            Arc::new(b.build().map_err(|e| build_error(location, e))?)
+            (
+                Arc::new(b.build().map_err(|e| build_error(location, e))?),
+                signs_payloads,
+            )
         }
         ObjectStoreScheme::GoogleCloudStorage => {
             let mut b = GoogleCloudStorageBuilder::from_env()
@@ -212,7 +232,10 @@ pub(super) fn cloud(
                     "set GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT to a service account key file (or run `gcloud auth application-default login`)",
                 ));
             }
-            Arc::new(b.build().map_err(|e| build_error(location, e))?)
+            (
+                Arc::new(b.build().map_err(|e| build_error(location, e))?),
+                false,
+            )
         }
         ObjectStoreScheme::MicrosoftAzure => {
             let mut b = MicrosoftAzureBuilder::from_env()
@@ -255,7 +278,10 @@ pub(super) fn cloud(
                     "set AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_TOKEN, or a client secret) with AZURE_STORAGE_ACCOUNT_NAME, or use_azure_cli=true",
                 ));
             }
-            Arc::new(b.build().map_err(|e| build_error(location, e))?)
+            (
+                Arc::new(b.build().map_err(|e| build_error(location, e))?),
+                false,
+            )
         }
         ObjectStoreScheme::Local | ObjectStoreScheme::Memory => {
             unreachable!("local and memory locations are opened before this")
@@ -266,7 +292,11 @@ pub(super) fn cloud(
             )));
         }
     };
-    Ok((store, path))
+    Ok(Cloud {
+        store,
+        root: path,
+        signs_payloads,
+    })
 }
 
 #[cfg(test)]
@@ -303,5 +333,41 @@ mod tests {
             Some("http://127.0.0.1:5000"),
             &[("unsigned_payload", "true")]
         ));
+    }
+
+    /// What the uploads are told (`Storage::signs_payloads`) follows the
+    /// store's own configuration, the user's options included.
+    #[test]
+    fn a_store_says_whether_it_signs_payloads() {
+        let signs = |url: &str, pairs: &[(&str, &str)]| {
+            let options = StorageOptions {
+                options: pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                ..Default::default()
+            };
+            cloud(url, &url.parse().unwrap(), &options)
+                .unwrap()
+                .signs_payloads
+        };
+        let keys = |more: &[(&'static str, &'static str)]| {
+            let mut all = vec![("aws_access_key_id", "k"), ("aws_secret_access_key", "s")];
+            all.extend_from_slice(more);
+            all
+        };
+        let http = ("aws_endpoint", "http://127.0.0.1:5000");
+        assert!(signs("s3://b/p", &keys(&[http])));
+        assert!(!signs("s3://b/p", &keys(&[])), "AWS over HTTPS");
+        assert!(!signs(
+            "s3://b/p",
+            &keys(&[("aws_endpoint", "https://minio.example")])
+        ));
+        assert!(!signs(
+            "s3://b/p",
+            &keys(&[http, ("aws_unsigned_payload", "true")])
+        ));
+        assert!(!signs("s3://b/p", &[http, ("aws_skip_signature", "true")]));
+        assert!(!signs("gs://b/p", &[("google_skip_signature", "true")]));
     }
 }

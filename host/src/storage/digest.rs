@@ -3,13 +3,16 @@
 
 use sha2::{Digest, Sha256};
 
+use super::part_digests::FileAndParts;
 use crate::error::Error;
 
-/// A file's SHA-256 as it is uploaded: computed from its bytes, or known
+/// A file's SHA-256 as it is uploaded: computed from its bytes (with each
+/// part's own, for a store that signs every request's payload), or known
 /// beforehand (the caller hashed the file already) and then not computed
 /// again.
 pub(super) enum FileDigest {
     Computing(Sha256),
+    WithParts(FileAndParts),
     Known(String),
 }
 
@@ -18,9 +21,30 @@ impl FileDigest {
         known.map_or_else(|| Self::Computing(Sha256::new()), Self::Known)
     }
 
+    /// As [`FileDigest::new`], for a file sent in parts whose own digests
+    /// [`FileDigest::part`] gives.
+    pub(super) fn with_parts(known: Option<String>) -> Self {
+        known.map_or_else(|| Self::WithParts(FileAndParts::new()), Self::Known)
+    }
+
     pub(super) fn update(&mut self, bytes: &[u8]) {
-        if let Self::Computing(hasher) = self {
-            hasher.update(bytes);
+        match self {
+            Self::Computing(hasher) => hasher.update(bytes),
+            Self::WithParts(hasher) => hasher.update(bytes),
+            Self::Known(_) => {}
+        }
+    }
+
+    /// Feed `part`, the file's next bytes; its own SHA-256 when this digest
+    /// was made [`FileDigest::with_parts`] and the file is being hashed in
+    /// the same pass (else the part is hashed where its digest is needed).
+    pub(super) fn part(&mut self, part: &[u8]) -> Option<[u8; 32]> {
+        match self {
+            Self::WithParts(hasher) => Some(hasher.part(part)),
+            other => {
+                other.update(part);
+                None
+            }
         }
     }
 
@@ -29,6 +53,7 @@ impl FileDigest {
     pub(super) fn current(&self) -> Option<[u8; 32]> {
         match self {
             Self::Computing(hasher) => Some(hasher.clone().finalize().into()),
+            Self::WithParts(hasher) => Some(hasher.digest()),
             Self::Known(hex) => hex::decode(hex).ok()?.try_into().ok(),
         }
     }
@@ -37,6 +62,7 @@ impl FileDigest {
     pub(super) fn finish(self) -> String {
         match self {
             Self::Computing(hasher) => hex::encode(hasher.finalize()),
+            Self::WithParts(hasher) => hex::encode(hasher.digest()),
             Self::Known(hex) => hex,
         }
     }

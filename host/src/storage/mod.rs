@@ -29,6 +29,7 @@ mod fence;
 #[cfg(test)]
 pub(crate) mod held;
 mod local;
+mod part_digests;
 mod progress;
 mod resend;
 mod signing;
@@ -61,6 +62,10 @@ pub struct Storage {
     flush: bool,
     /// How requests that never left are sent again (see [`resend`]).
     resend: Resend,
+    /// Whether the store signs every request with its payload's SHA-256
+    /// (S3 over plain HTTP): a file sent in parts then has each part's
+    /// digest computed in the pass that hashes the file (`part_digests`).
+    signs_payloads: bool,
 }
 
 impl Storage {
@@ -80,18 +85,20 @@ impl Storage {
                 fence: None,
                 flush: true,
                 resend: Resend::never(),
+                signs_payloads: false,
             }),
             Location::ObjectStore(url) => {
-                let (store, root) = backends::cloud(url.as_str(), url, options)?;
+                let cloud = backends::cloud(url.as_str(), url, options)?;
                 Ok(Self {
-                    store,
+                    store: cloud.store,
                     local: None,
-                    root,
+                    root: cloud.root,
                     url: url.as_str().to_owned(),
                     progress: options.progress,
                     fence: None,
                     flush: true,
                     resend: Resend::new(options),
+                    signs_payloads: cloud.signs_payloads,
                 })
             }
         }
@@ -110,6 +117,7 @@ impl Storage {
             fence: None,
             flush: true,
             resend: Resend::never(),
+            signs_payloads: false,
         }
     }
 
@@ -174,6 +182,7 @@ impl Storage {
             fence: None,
             flush: true,
             resend: Resend::never(),
+            signs_payloads: false,
         })
     }
 
@@ -194,6 +203,7 @@ impl Storage {
             fence: self.fence.clone(),
             flush: self.flush,
             resend: self.resend,
+            signs_payloads: self.signs_payloads,
         }
     }
 

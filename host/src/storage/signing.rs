@@ -7,8 +7,9 @@
 //! for the manifest: with [`known_payload`] around the request, the
 //! signing takes that digest instead of reading every byte again (with
 //! perf, the two passes were half the uploading process's user time).
-//! Parts of a multipart upload are still hashed for their signatures: a
-//! part's SHA-256 is not a step of the file's. (Over HTTPS payloads go
+//! A part of a multipart upload is signed the same way with its own
+//! SHA-256, which is not a step of the file's: the upload computes both in
+//! one pass over the part (`part_digests`). (Over HTTPS payloads go
 //! unsigned by default and none of this hashing happens; see
 //! `backends.rs`.)
 //!

@@ -21,7 +21,8 @@ use crate::error::Error;
 /// Files up to [`SINGLE_REQUEST_BUFFERS`] × [`PART_SIZE`] go up in one
 /// request, signed with the SHA-256 the manifest records (`signing`);
 /// larger ones as multipart uploads of parts of [`PART_SIZE`], each part
-/// hashed again for its own signature. Files are read into the process's
+/// signed with its own SHA-256, computed in the same pass as the file's
+/// (`part_digests`). Files are read into the process's
 /// pool of buffers (`buffers`), which bounds the bytes in flight, whatever
 /// the files' sizes, to 8 buffers of 8 MiB; one file has at most this many
 /// parts in flight.
@@ -97,8 +98,12 @@ impl Storage {
             .await;
         }
         let file = Arc::new(file);
-        let mut hasher = FileDigest::new(known_sha256);
-        if size <= SINGLE_REQUEST_AT_MOST {
+        let in_parts = size > SINGLE_REQUEST_AT_MOST;
+        let mut hasher = match in_parts && self.signs_payloads {
+            true => FileDigest::with_parts(known_sha256),
+            false => FileDigest::new(known_sha256),
+        };
+        if !in_parts {
             let buffers = Buffer::take_many(size.div_ceil(PART_SIZE as u64).max(1) as usize).await;
             let (buffers, read) = read_into(relative, &file, buffers, Some(size)).await?;
             check_size(relative, size, read)?;
@@ -212,7 +217,7 @@ impl Storage {
                 break;
             }
             read += len;
-            hasher.update(part.as_ref());
+            let own_sha256 = hasher.part(part.as_ref());
             while in_flight.len() >= MAX_PARTS_IN_FLIGHT {
                 if let Some(sent) = in_flight.next().await {
                     sent.map_err(part_failed)?;
@@ -220,9 +225,13 @@ impl Storage {
             }
             meter.inc(len);
             let (body, share) = part.lend();
-            let put = upload.put_part(PutPayload::from(body));
+            let payload = PutPayload::from(body);
+            let put = upload.put_part(payload.clone());
             in_flight.push(Box::pin(async move {
-                let sent = put.await;
+                let sent = match own_sha256 {
+                    Some(sha256) => signing::known_payload(payload, sha256, put).await,
+                    None => put.await,
+                };
                 drop(share);
                 sent
             }));
