@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::plan::{Plan, PlannedFile, sha256_of};
+use super::plan::{Plan, PlannedFile};
 use crate::error::Error;
 use crate::record::FileEntry;
 use crate::storage::{Meter, Storage};
@@ -137,17 +137,12 @@ async fn persist_file(
     };
     // Set when the file was hashed to look for it in `previous`, so that
     // the upload does not hash it again.
-    let mut known_sha256 = None;
+    let mut known = None;
     if let (Some(previous), Some(candidates)) = (&previous, by_size.get(&file.size)) {
-        let (dir, path) = (Arc::clone(&file.source), file.path.clone());
-        let digest = tokio::task::spawn_blocking(move || sha256_of(&dir, &path))
-            .await
-            .map_err(|e| Error::Io {
-                path: file.path.clone().into(),
-                operation: "hash a checkpoint file",
-                source: std::io::Error::other(e),
-            })??;
-        if let Some(same) = candidates.iter().find(|c| c.sha256 == digest) {
+        let hashed = dest
+            .hash_for_upload(Arc::clone(&file.source), file.path.clone(), file.size)
+            .await?;
+        if let Some(same) = candidates.iter().find(|c| c.sha256 == hashed.sha256) {
             dest.copy_from(&previous.storage, &same.path, &file.path)
                 .await?;
             // Trust, but check: a store that answers a copy request
@@ -156,7 +151,7 @@ async fn persist_file(
             let copied = dest.size(&file.path).await?;
             if copied == file.size {
                 meter.inc(file.size);
-                return Ok((entry(digest), true));
+                return Ok((entry(hashed.sha256), true));
             }
             tracing::warn!(
                 store = %dest.url(),
@@ -165,7 +160,7 @@ async fn persist_file(
                 file.size
             );
         }
-        known_sha256 = Some(digest);
+        known = Some(hashed);
     }
     let handle = file
         .source
@@ -177,7 +172,7 @@ async fn persist_file(
         })?
         .into_std();
     let sha256 = dest
-        .upload_file(&file.path, handle, file.size, known_sha256, &meter)
+        .upload_file(&file.path, handle, file.size, known, &meter)
         .await?;
     Ok((entry(sha256), false))
 }

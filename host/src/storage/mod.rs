@@ -25,6 +25,7 @@ mod backends;
 mod buffers;
 mod conditional;
 mod digest;
+mod download;
 mod fence;
 #[cfg(test)]
 pub(crate) mod held;

@@ -26,44 +26,43 @@ const H0: [u32; 8] = [
 ];
 
 /// The running SHA-256 of a file fed part by part, which also gives each
-/// part's own SHA-256.
+/// part's own SHA-256 when the part ends ([`FileAndParts::end_part`]).
 pub(super) struct FileAndParts {
-    state: [u32; 8],
-    /// Bytes compressed into `state`: whole blocks.
+    file: [u32; 8],
+    /// The file's bytes compressed into `file`: whole blocks.
     compressed: u64,
-    /// Bytes given after them, fewer than a block.
+    /// The current part's digest.
+    part: Part,
+    /// The bytes given after the last whole block, fewer than a block (of
+    /// the file, and of the part when it shares the file's blocks).
     tail: Vec<u8>,
+}
+
+/// The digest of the part being fed.
+enum Part {
+    /// The part began on a block boundary of the file, so the two digests
+    /// take the same blocks: its state, and the bytes compressed into it.
+    Shared([u32; 8], u64),
+    /// The part began inside a block of the file (a part before it ended
+    /// off a boundary): hashed on its own.
+    Own(Sha256),
 }
 
 impl FileAndParts {
     pub(super) fn new() -> Self {
         Self {
-            state: H0,
+            file: H0,
             compressed: 0,
+            part: Part::Shared(H0, 0),
             tail: Vec::with_capacity(BLOCK),
         }
     }
 
-    /// Feed `part`, the file's next bytes, and return the part's own
-    /// SHA-256.
-    pub(super) fn part(&mut self, part: &[u8]) -> [u8; 32] {
-        if !self.tail.is_empty() {
-            // The part does not start on a block boundary of the file (a
-            // short part came before it): the two digests' blocks differ.
-            self.update(part);
-            return Sha256::digest(part).into();
-        }
-        let (blocks, rest) = part.as_chunks::<BLOCK>();
-        let mut own = H0;
-        compress_both(&mut self.state, &mut own, blocks);
-        let whole = (blocks.len() * BLOCK) as u64;
-        self.compressed += whole;
-        self.tail.extend_from_slice(rest);
-        finish(own, whole, rest)
-    }
-
-    /// Feed `data`, the file's next bytes.
+    /// Feed `data`, the file's (and its current part's) next bytes.
     pub(super) fn update(&mut self, mut data: &[u8]) {
+        if let Part::Own(own) = &mut self.part {
+            own.update(data);
+        }
         if !self.tail.is_empty() {
             let take = (BLOCK - self.tail.len()).min(data.len());
             self.tail.extend_from_slice(&data[..take]);
@@ -71,20 +70,52 @@ impl FileAndParts {
             if self.tail.len() < BLOCK {
                 return;
             }
-            let (block, _) = self.tail.as_chunks::<BLOCK>();
-            compress(&mut self.state, block);
-            self.compressed += BLOCK as u64;
+            let tail = std::mem::take(&mut self.tail);
+            self.compress(tail.as_chunks::<BLOCK>().0);
+            self.tail = tail;
             self.tail.clear();
         }
         let (blocks, rest) = data.as_chunks::<BLOCK>();
-        compress(&mut self.state, blocks);
-        self.compressed += (blocks.len() * BLOCK) as u64;
+        self.compress(blocks);
         self.tail.extend_from_slice(rest);
+    }
+
+    /// Compress whole blocks into the file's state, and into the part's
+    /// when it shares them.
+    fn compress(&mut self, blocks: &[[u8; BLOCK]]) {
+        match &mut self.part {
+            Part::Shared(own, compressed) => {
+                compress_both(&mut self.file, own, blocks);
+                *compressed += (blocks.len() * BLOCK) as u64;
+            }
+            Part::Own(_) => compress(&mut self.file, blocks),
+        }
+        self.compressed += (blocks.len() * BLOCK) as u64;
+    }
+
+    /// End the current part: its own SHA-256. The bytes fed next begin
+    /// the next part.
+    pub(super) fn end_part(&mut self) -> [u8; 32] {
+        let next = match self.tail.is_empty() {
+            true => Part::Shared(H0, 0),
+            false => Part::Own(Sha256::new()),
+        };
+        match std::mem::replace(&mut self.part, next) {
+            Part::Shared(own, compressed) => finish(own, compressed, &self.tail),
+            Part::Own(own) => own.finalize().into(),
+        }
+    }
+
+    /// Feed `part`, the file's next bytes, as a part of its own: its
+    /// SHA-256.
+    pub(super) fn part(&mut self, part: &[u8]) -> [u8; 32] {
+        self.update(part);
+        self.end_part()
     }
 
     /// The SHA-256 of every byte fed so far.
     pub(super) fn digest(&self) -> [u8; 32] {
-        finish(self.state, self.compressed, &self.tail)
+        finish(self.file, self.compressed, &self.tail)
     }
 }
 
@@ -303,15 +334,22 @@ mod tests {
     }
 
     #[test]
-    fn plain_updates_and_parts_mix() {
-        let data = bytes(10_000, 7);
+    fn a_part_fed_piece_by_piece_hashes_as_a_whole() {
+        let data = bytes(3 * 4096 + 100, 11);
         let mut hasher = FileAndParts::new();
-        hasher.update(&data[..3]);
-        hasher.update(&data[3..64]);
-        assert_eq!(hasher.part(&data[64..1064]), sha256(&data[64..1064]));
-        hasher.update(&data[1064..1100]);
-        assert_eq!(hasher.part(&data[1100..9000]), sha256(&data[1100..9000]));
-        hasher.update(&data[9000..]);
+        // A part of 4096 bytes in pieces off the block boundaries, one of
+        // 4100 (ending off a boundary), then one starting off it.
+        for piece in data[..4096].chunks(100) {
+            hasher.update(piece);
+        }
+        assert_eq!(hasher.end_part(), sha256(&data[..4096]));
+        hasher.update(&data[4096..5000]);
+        hasher.update(&data[5000..8196]);
+        assert_eq!(hasher.end_part(), sha256(&data[4096..8196]));
+        for piece in data[8196..].chunks(63) {
+            hasher.update(piece);
+        }
+        assert_eq!(hasher.end_part(), sha256(&data[8196..]));
         assert_eq!(hasher.digest(), sha256(&data));
     }
 

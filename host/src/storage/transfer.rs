@@ -1,20 +1,17 @@
-//! Moving checkpoint files in and out of storage: streamed, with a running
-//! SHA-256 that the manifest records, in bounded memory whatever a file's
-//! size; and making local writes durable.
+//! Moving checkpoint files into storage: streamed, with a running SHA-256
+//! that the manifest records, in bounded memory whatever a file's size;
+//! and making local writes durable. (Reading them back: `download`.)
 
-use std::path::Path;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use object_store::path::Path as ObjectPath;
 use object_store::{MultipartUpload, ObjectStoreExt, PutMultipartOptions, PutPayload, UploadPart};
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::buffers::{Buffer, PART_SIZE};
-use super::digest::{FileDigest, check_size};
+use super::digest::{self, FileDigest, Hashed, check_size};
 use super::{Meter, Storage, local, signing};
 use crate::error::Error;
 
@@ -71,8 +68,27 @@ impl Storage {
         .await
     }
 
+    /// Hash the file at `path` in `dir` (of `size` bytes) before uploading
+    /// it here with [`Storage::upload_file`], to look for it among the
+    /// files stored already: its SHA-256, and what else the upload would
+    /// compute from its bytes (the digest of each part it signs).
+    pub async fn hash_for_upload(
+        &self,
+        dir: Arc<cap_std::fs::Dir>,
+        path: String,
+        size: u64,
+    ) -> Result<Hashed, Error> {
+        let parts = self.local.is_none() && self.signs_payloads && size > SINGLE_REQUEST_AT_MOST;
+        let shown = path.clone();
+        blocking(&shown, "hash a checkpoint file", move || {
+            digest::hash_file(&dir, &path, parts)
+        })
+        .await
+    }
+
     /// Stream `file` (of `size` bytes) to `relative`, returning its SHA-256
-    /// (`known_sha256` when the caller already hashed it).
+    /// (`known`'s when the caller already hashed it,
+    /// [`Storage::hash_for_upload`]).
     ///
     /// Small files go up in one request; large ones as a multipart upload
     /// whose parts are sent concurrently. Memory use is bounded whatever the
@@ -83,7 +99,7 @@ impl Storage {
         relative: &str,
         file: std::fs::File,
         size: u64,
-        known_sha256: Option<String>,
+        known: Option<Hashed>,
         meter: &Meter,
     ) -> Result<String, Error> {
         let location = self.object_path(relative);
@@ -92,6 +108,7 @@ impl Storage {
                 .path_to_filesystem(&location)
                 .map_err(|e| self.error(format!("upload {relative}"), e))?;
             let (shown, meter, flush) = (relative.to_owned(), meter.clone(), self.flush);
+            let known_sha256 = known.map(|k| k.sha256);
             return blocking(relative, "write a checkpoint file", move || {
                 local::write_file(file, &shown, &target, size, known_sha256, &meter, flush)
             })
@@ -99,9 +116,10 @@ impl Storage {
         }
         let file = Arc::new(file);
         let in_parts = size > SINGLE_REQUEST_AT_MOST;
-        let mut hasher = match in_parts && self.signs_payloads {
-            true => FileDigest::with_parts(known_sha256),
-            false => FileDigest::new(known_sha256),
+        let mut hasher = match known {
+            Some(hashed) => FileDigest::known(hashed),
+            None if in_parts && self.signs_payloads => FileDigest::with_parts(),
+            None => FileDigest::new(None),
         };
         if !in_parts {
             let buffers = Buffer::take_many(size.div_ceil(PART_SIZE as u64).max(1) as usize).await;
@@ -245,114 +263,6 @@ impl Storage {
         }
         Ok(())
     }
-
-    /// Stream the object at `relative` into `out`, returning the number of
-    /// bytes and their SHA-256. `shown` names `out` in errors.
-    pub async fn download_to(
-        &self,
-        relative: &str,
-        out: std::fs::File,
-        shown: &Path,
-        meter: &Meter,
-    ) -> Result<(u64, String), Error> {
-        if let Some(local) = &self.local {
-            // One blocking task copies and hashes the whole file. Through
-            // `object_store` a local read is a blocking-pool round trip per
-            // 8 KiB chunk, and each write another: on a busy machine, where
-            // every round trip waits for a core, restoring 4 MiB took 35 to
-            // 70 ms.
-            let source = local
-                .path_to_filesystem(&self.object_path(relative))
-                .map_err(|e| self.error(format!("download {relative}"), e))?;
-            let (shown, meter) = (shown.to_path_buf(), meter.clone());
-            let what = relative.to_owned();
-            return blocking(relative, "restore a checkpoint file", move || {
-                local::copy_file(&source, &what, out, &shown, &meter)
-            })
-            .await;
-        }
-        let mut out = tokio::fs::File::from_std(out);
-        let io_err = |source| Error::Io {
-            path: shown.to_path_buf(),
-            operation: "write a restored checkpoint file",
-            source,
-        };
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
-        let mut stream = self.get_stream(relative).await?;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| self.error(format!("download {relative}"), e))?;
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-            meter.inc(chunk.len() as u64);
-            out.write_all(&chunk).await.map_err(io_err)?;
-        }
-        out.flush().await.map_err(io_err)?;
-        Ok((size, hex::encode(hasher.finalize())))
-    }
-
-    /// Restore the object at `relative` as `target` in `dir` (`shown` in
-    /// errors) by hard-linking the stored file, when this storage is a
-    /// local directory on the same file system, and hash it by reading it
-    /// back. The restored file then shares the stored one's blocks, so the
-    /// caller must never write it (the ranks see restored checkpoints
-    /// read-only). Returns its size and SHA-256, or `None` when it cannot be
-    /// linked (an object store, another file system), for the caller to
-    /// copy it instead with [`Storage::download_to`].
-    pub async fn link_into(
-        &self,
-        relative: &str,
-        dir: &cap_std::fs::Dir,
-        target: &str,
-        shown: &Path,
-        meter: &Meter,
-    ) -> Result<Option<(u64, String)>, Error> {
-        let Some(local) = &self.local else {
-            return Ok(None);
-        };
-        let source = local
-            .path_to_filesystem(&self.object_path(relative))
-            .map_err(|e| self.error(format!("download {relative}"), e))?;
-        let dir = dir.try_clone().map_err(|source| Error::Io {
-            path: shown.to_path_buf(),
-            operation: "open the directory to restore into",
-            source,
-        })?;
-        let (target, shown, meter) = (target.to_owned(), shown.to_path_buf(), meter.clone());
-        blocking(relative, "restore a checkpoint file", move || {
-            local::link_file(&source, &dir, &target, &shown, &meter)
-        })
-        .await
-    }
-
-    /// The size and SHA-256 of the object at `relative`, read as a stream.
-    pub async fn digest(&self, relative: &str) -> Result<(u64, String), Error> {
-        let mut hasher = Sha256::new();
-        let mut size = 0u64;
-        let mut stream = self.get_stream(relative).await?;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| self.error(format!("read {relative}"), e))?;
-            hasher.update(&chunk);
-            size += chunk.len() as u64;
-        }
-        Ok((size, hex::encode(hasher.finalize())))
-    }
-
-    async fn get_stream(
-        &self,
-        relative: &str,
-    ) -> Result<futures::stream::BoxStream<'static, object_store::Result<Bytes>>, Error> {
-        let path = self.object_path(relative);
-        self.resend
-            .run(|| async {
-                self.store
-                    .get(&path)
-                    .await
-                    .map(|r| r.into_stream())
-                    .map_err(|e| self.error(format!("read {relative}"), e))
-            })
-            .await
-    }
 }
 
 /// Read `file`, from where the last read ended, into `buffers`, a
@@ -412,7 +322,7 @@ async fn read_part(
 
 /// Run `work` on the blocking pool. A task that did not finish (it
 /// panicked, or the runtime is shutting down) is an I/O error on `path`.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     path: &str,
     operation: &'static str,
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,

@@ -2,7 +2,8 @@
 //! payload digest is the SHA-256 of the body actually sent, for files sent
 //! in one request (signed with the digest the manifest records, whether
 //! the body is one buffer or several) and for multipart uploads' parts
-//! alike. Read from the bytes the host sent
+//! alike, whether computed as the file is sent or when it was hashed
+//! before (to look for it among stored files). Read from the bytes the host sent
 //! through a recording proxy to moto, which does not check them itself.
 
 use serde_json::json;
@@ -85,6 +86,11 @@ fn every_signed_payload_digest_is_the_sha256_of_the_bytes_sent() {
         {"write": "ck/buffers.bin", "bytes": BUFFERS, "seed": 3},
         {"write": "ck/multipart.bin", "bytes": MULTIPART, "seed": 2},
         {"report": {"epoch": 0}, "checkpoint": "ck"},
+        // The next checkpoint changes the large file, keeping its size: it
+        // is hashed before its upload to look for it among the first
+        // checkpoint's files, its parts' digests with it.
+        {"write": "ck/multipart.bin", "bytes": MULTIPART, "seed": 4},
+        {"report": {"epoch": 1}, "checkpoint": "ck"},
     ]);
     let result = Trainer::builder(TEST_GUEST)
         .train_loop_config(json!({ "steps": steps }))
@@ -133,14 +139,14 @@ fn every_signed_payload_digest_is_the_sha256_of_the_bytes_sent() {
     );
     assert_eq!(
         puts(&|r| r.line.contains("partNumber=")),
-        MULTIPART.div_ceil(8 << 20),
-        "the {MULTIPART}-byte file goes up in 8 MiB parts"
+        2 * MULTIPART.div_ceil(8 << 20),
+        "the {MULTIPART}-byte file goes up in 8 MiB parts, twice"
     );
     assert!(signed > 5, "only {signed} requests seen");
 
     let listed =
         trainhost::committed_checkpoints_with(&format!("{}/s", backend.url), &backend.options)
             .unwrap();
-    assert_eq!(listed.len(), 1);
-    listed[0].verify().unwrap();
+    assert_eq!(listed.len(), 2);
+    listed.iter().for_each(|c| c.verify().unwrap());
 }
