@@ -22,7 +22,8 @@ use super::round::{Arrival, Outcome, take_report};
 use super::{Shared, Span};
 use crate::cluster::wire::{Header, Listed, Message, Settled};
 use crate::failure::{FailureKind, RunFailure};
-use crate::persist::{Collision, Plan, sha256_of};
+use crate::persist::{Collision, Plan};
+use crate::storage::sha256_of;
 
 /// The files of a plan, as another node sees them.
 pub(super) fn listing(plan: Option<&Plan>) -> Vec<Listed> {

@@ -13,7 +13,7 @@ mod upload;
 
 pub(crate) use capture::{Capture, CaptureError, HandedOver, capture};
 pub(crate) use lend::{Inode, Lent};
-pub(crate) use plan::{Collision, Plan, PlanError, merge, sha256_of};
+pub(crate) use plan::{Collision, Plan, PlanError, merge};
 pub(crate) use snapshot::{Snapshots, snapshot};
 #[cfg(feature = "bench")]
 pub(crate) use upload::COPY_AT_LEAST;

@@ -3,15 +3,14 @@
 //! upload continues in the background (R8).
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::Read;
 use std::sync::Arc;
 
 use cap_std::fs::Dir;
-use sha2::{Digest, Sha256};
 
 use super::capture::{Capture, HandedOver};
 use super::lend::{Inode, LentDir};
 use crate::error::Error;
+use crate::storage::sha256_of;
 
 /// Why a report's files could not be planned.
 #[derive(Debug, thiserror::Error)]
@@ -218,23 +217,4 @@ fn group(items: impl Iterator<Item = (String, u32)>) -> Vec<(String, Vec<u32>)> 
         }
     }
     groups
-}
-
-pub(crate) fn sha256_of(dir: &Dir, path: &str) -> Result<String, Error> {
-    let io_err = |source| Error::Io {
-        path: path.into(),
-        operation: "read a checkpoint file",
-        source,
-    };
-    let mut file = dir.open(path).map_err(io_err)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io_err)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
 }

@@ -20,6 +20,11 @@ pub(crate) struct Hashed {
     parts: Vec<[u8; 32]>,
 }
 
+/// The SHA-256 of the file at `path` in `dir`.
+pub(crate) fn sha256_of(dir: &cap_std::fs::Dir, path: &str) -> Result<String, Error> {
+    hash_file(dir, path, false).map(|h| h.sha256)
+}
+
 /// Hash the file at `path` in `dir`, with the digest of each part of
 /// [`PART_SIZE`] when `parts`.
 pub(super) fn hash_file(dir: &cap_std::fs::Dir, path: &str, parts: bool) -> Result<Hashed, Error> {

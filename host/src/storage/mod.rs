@@ -37,6 +37,7 @@ mod signing;
 mod transfer;
 
 pub(crate) use conditional::Claim;
+pub(crate) use digest::sha256_of;
 pub(crate) use fence::Fence;
 pub(crate) use progress::Meter;
 // Only the benchmarks need it outside `storage`.

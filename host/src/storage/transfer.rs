@@ -68,6 +68,12 @@ impl Storage {
         .await
     }
 
+    /// Whether a file of `size` bytes goes up here as a multipart upload
+    /// whose every part is signed with its own SHA-256.
+    fn signs_parts(&self, size: u64) -> bool {
+        self.local.is_none() && self.signs_payloads && size > SINGLE_REQUEST_AT_MOST
+    }
+
     /// Hash the file at `path` in `dir` (of `size` bytes) before uploading
     /// it here with [`Storage::upload_file`], to look for it among the
     /// files stored already: its SHA-256, and what else the upload would
@@ -78,7 +84,7 @@ impl Storage {
         path: String,
         size: u64,
     ) -> Result<Hashed, Error> {
-        let parts = self.local.is_none() && self.signs_payloads && size > SINGLE_REQUEST_AT_MOST;
+        let parts = self.signs_parts(size);
         let shown = path.clone();
         blocking(&shown, "hash a checkpoint file", move || {
             digest::hash_file(&dir, &path, parts)
@@ -115,13 +121,12 @@ impl Storage {
             .await;
         }
         let file = Arc::new(file);
-        let in_parts = size > SINGLE_REQUEST_AT_MOST;
         let mut hasher = match known {
             Some(hashed) => FileDigest::known(hashed),
-            None if in_parts && self.signs_payloads => FileDigest::with_parts(),
+            None if self.signs_parts(size) => FileDigest::with_parts(),
             None => FileDigest::new(None),
         };
-        if !in_parts {
+        if size <= SINGLE_REQUEST_AT_MOST {
             let buffers = Buffer::take_many(size.div_ceil(PART_SIZE as u64).max(1) as usize).await;
             let (buffers, read) = read_into(relative, &file, buffers, Some(size)).await?;
             check_size(relative, size, read)?;
