@@ -26,7 +26,8 @@ pub const COPY_AT_LEAST: u64 = crate::persist::COPY_AT_LEAST;
 
 /// On an object store, a file of at most this many bytes goes up in one
 /// request, signed with the digest its manifest records; a larger one goes
-/// in parts, each hashed again for its own signature over plain HTTP.
+/// in parts, each signed over plain HTTP with its own digest, computed in
+/// the pass that hashes the file.
 pub const SINGLE_REQUEST_AT_MOST: u64 = crate::storage::SINGLE_REQUEST_AT_MOST;
 
 /// How durable [`persist_directory`] leaves the files.

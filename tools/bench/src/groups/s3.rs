@@ -69,7 +69,8 @@ pub(crate) fn s3(quick: bool) -> Result<Vec<Row>> {
     // Files of several pooled buffers sent in one request each, signed
     // with the digest the manifest records; small files; and files above
     // what one request takes (`trainhost::bench::SINGLE_REQUEST_AT_MOST`),
-    // sent in parts that are each hashed again for their signatures.
+    // sent in parts, each signed over plain HTTP with its own digest
+    // (computed in the pass that hashes the file).
     let (mut rows, work) = uploader.rows(&[(if quick { 2 } else { 8 }, 16 << 20)], "big", reps)?;
     rows.extend(
         uploader
