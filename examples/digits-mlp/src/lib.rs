@@ -292,10 +292,14 @@ fn guest_step(
     // Sum of every rank's gradient sums, the same bits on every rank.
     collective::all_reduce(&mut m.grad, Op::Sum)?;
     let scale = 1.0 / batch.len() as f32;
-    for ((p, v), g) in m.params.iter_mut().zip(&mut m.velocity).zip(&m.grad) {
-        *v = config.momentum * *v + g * scale;
-        *p -= config.lr * *v;
-    }
+    model::sgd_momentum(
+        &mut m.params,
+        &mut m.velocity,
+        &m.grad,
+        scale,
+        config.lr,
+        config.momentum,
+    );
     Ok(mine)
 }
 
