@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
+use trainhost_bench_kernel::Loops;
 use trainhost_guest::{Checkpoint, Metrics};
 
 #[derive(Deserialize)]
@@ -27,11 +28,13 @@ enum Bench {
         hand_over: bool,
     },
     /// `steps` SGD steps of a linear model with `dim` features on batches
-    /// of `batch` rows.
+    /// of `batch` rows; with `blocked`, its loops written in blocks of 16.
     Sgd {
         steps: u32,
         dim: usize,
         batch: usize,
+        #[serde(default)]
+        blocked: bool,
     },
     /// First attempt: commit a checkpoint of `bytes`, print the time and
     /// trap. Second: restore it, print the time, return.
@@ -59,7 +62,12 @@ fn train(bench: Bench) -> Result<(), String> {
             reports,
             hand_over,
         } => checkpoints(&files, reports, hand_over),
-        Bench::Sgd { steps, dim, batch } => sgd(steps, dim, batch),
+        Bench::Sgd {
+            steps,
+            dim,
+            batch,
+            blocked,
+        } => sgd(steps, dim, batch, blocked),
         Bench::Restart { bytes } => restart(bytes),
         Bench::Start => report(Metrics::new().with("started", true), None),
         Bench::AllReduce { floats, calls } => all_reduce(floats, calls),
@@ -239,8 +247,12 @@ fn checkpoints(files: &[(u32, u64)], reports: u32, hand_over: bool) -> Result<()
     )
 }
 
-fn sgd(steps: u32, dim: usize, batch: usize) -> Result<(), String> {
-    let (step_ns, loss) = trainhost_bench_kernel::time_sgd(steps, dim, batch);
+fn sgd(steps: u32, dim: usize, batch: usize, blocked: bool) -> Result<(), String> {
+    let loops = match blocked {
+        true => Loops::Blocked,
+        false => Loops::Plain,
+    };
+    let (step_ns, loss) = trainhost_bench_kernel::time_sgd(steps, dim, batch, loops);
     report(
         Metrics::new()
             .with("step_ns", step_ns)

@@ -32,6 +32,68 @@ pub fn sgd_step(w: &mut [f32], grad: &mut [f32], x: &[f32], y: &[f32], lr: f32) 
     loss / y.len() as f32
 }
 
+/// [`sgd_step`] with every loop over the features written in blocks of 16:
+/// the same model and the same result (the per-feature arithmetic is the
+/// same, in the same order; the dot product sums 16 lanes instead of 8, so
+/// its rounding differs from [`sgd_step`]'s, not between native and guest).
+///
+/// A guest's loops pay wasmtime's epoch check on every iteration (its
+/// interruption; wasmtime issue #7244), and the check costs a vectorized
+/// loop most of its speed. An inner loop of fixed length is unrolled into
+/// SIMD operations and leaves the check on the outer loop only: once per
+/// 16 features instead of once per 4. This is how a guest author can
+/// write a hot loop; the benchmarks measure what it recovers.
+pub fn sgd_step_blocked(w: &mut [f32], grad: &mut [f32], x: &[f32], y: &[f32], lr: f32) -> f32 {
+    let dim = w.len();
+    assert_eq!(x.len(), dim * y.len());
+    assert_eq!(grad.len(), dim);
+    grad.iter_mut().for_each(|g| *g = 0.0);
+    let mut loss = 0.0;
+    for (row, &target) in x.chunks_exact(dim).zip(y) {
+        let pred = dot_blocked(row, w);
+        let err = pred - target;
+        loss += err * err;
+        in_blocks(grad, row, |g, xi| *g += err * xi);
+    }
+    let scale = 2.0 * lr / y.len() as f32;
+    in_blocks(w, grad, |wi, g| *wi -= scale * g);
+    loss / y.len() as f32
+}
+
+/// Features per block in [`sgd_step_blocked`].
+const BLOCK: usize = 16;
+
+/// `f(a[i], b[i])` for every `i`, in blocks of [`BLOCK`].
+#[inline(always)]
+fn in_blocks(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32)) {
+    let (mut ca, mut cb) = (a.chunks_exact_mut(BLOCK), b.chunks_exact(BLOCK));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for i in 0..BLOCK {
+            f(&mut x[i], y[i]);
+        }
+    }
+    for (x, &y) in ca.into_remainder().iter_mut().zip(cb.remainder()) {
+        f(x, y);
+    }
+}
+
+/// [`dot`] in [`BLOCK`] lanes.
+fn dot_blocked(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; BLOCK];
+    let (ca, cb) = (a.chunks_exact(BLOCK), b.chunks_exact(BLOCK));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..BLOCK {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        sum += x * y;
+    }
+    sum
+}
+
 /// A dot product in eight lanes, so that it vectorizes (a single running
 /// sum would force the additions into order).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -71,10 +133,34 @@ pub fn problem(rows: usize, dim: usize, seed: u64, x: &mut [f32], y: &mut [f32])
     }
 }
 
+/// Which SGD step [`time_sgd`] times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Loops {
+    /// [`sgd_step`]: loops as one writes them.
+    #[default]
+    Plain,
+    /// [`sgd_step_blocked`]: loops in blocks of 16.
+    Blocked,
+}
+
 /// Time `steps` SGD steps on a `batch` × `dim` problem after a warm-up of a
 /// tenth as many: nanoseconds per step, and the last batch loss (which the
 /// caller compares between native and guest).
-pub fn time_sgd(steps: u32, dim: usize, batch: usize) -> (f64, f32) {
+pub fn time_sgd(steps: u32, dim: usize, batch: usize, loops: Loops) -> (f64, f32) {
+    // A generic function per kernel: each step is a direct call, as it was
+    // with one kernel.
+    match loops {
+        Loops::Plain => time_steps(steps, dim, batch, sgd_step),
+        Loops::Blocked => time_steps(steps, dim, batch, sgd_step_blocked),
+    }
+}
+
+fn time_steps(
+    steps: u32,
+    dim: usize,
+    batch: usize,
+    sgd_step: impl Fn(&mut [f32], &mut [f32], &[f32], &[f32], f32) -> f32,
+) -> (f64, f32) {
     let (mut x, mut y) = (vec![0.0; dim * batch], vec![0.0; batch]);
     problem(batch, dim, 7, &mut x, &mut y);
     let (mut w, mut grad) = (vec![0.0; dim], vec![0.0; dim]);

@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use trainhost::{MetricValue, ScalingConfig, Trainer};
+use trainhost_bench_kernel::Loops;
 use trainhost_test_artifacts::DIGITS_MLP;
 
 use crate::common::{Lines, Paired, Row, Sampling, local_run, median, metric, run_guest};
@@ -166,7 +167,7 @@ fn native_sgd(threads: u32) -> f64 {
     const STEPS: u32 = 100_000;
     let per_step = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|_| s.spawn(|| trainhost_bench_kernel::time_sgd(STEPS, 256, 64).0))
+            .map(|_| s.spawn(|| trainhost_bench_kernel::time_sgd(STEPS, 256, 64, Loops::Plain).0))
             .collect();
         handles
             .into_iter()

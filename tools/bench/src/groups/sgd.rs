@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use serde_json::json;
 use trainhost::{Interruption, ResourceLimits, RunConfig};
+use trainhost_bench_kernel::Loops;
 
 use crate::common::{Paired, Row, Sampling, local_run, metric, run_guest};
 use crate::goals;
@@ -16,22 +17,23 @@ pub(crate) fn sgd(quick: bool) -> Result<Vec<Row>> {
     let (steps, dim, batch) = (if quick { 30_000 } else { 300_000 }, 256, 64);
     // Samples of a second each: as many as any row are cheap.
     let reps = Sampling::Standard.per_pass(quick);
-    let native = || trainhost_bench_kernel::time_sgd(steps, dim, batch);
+    let native = |loops| trainhost_bench_kernel::time_sgd(steps, dim, batch, loops);
     let storage = tempfile::tempdir()?;
-    let config = json!({"mode": "sgd", "steps": steps, "dim": dim, "batch": batch});
-    let guest = |limits: ResourceLimits, interruption: Interruption| -> Result<(f64, f64)> {
-        let result = run_guest(
-            config.clone(),
-            1,
-            RunConfig {
-                limits,
-                interruption,
-                ..local_run(storage.path())
-            },
-            Arc::default(),
-        )?;
-        Ok((metric(&result, "step_ns")?, metric(&result, "loss")?))
-    };
+    let config = |loops| json!({"mode": "sgd", "steps": steps, "dim": dim, "batch": batch, "blocked": loops == Loops::Blocked});
+    let guest =
+        |limits: ResourceLimits, interruption: Interruption, loops: Loops| -> Result<(f64, f64)> {
+            let result = run_guest(
+                config(loops),
+                1,
+                RunConfig {
+                    limits,
+                    interruption,
+                    ..local_run(storage.path())
+                },
+                Arc::default(),
+            )?;
+            Ok((metric(&result, "step_ns")?, metric(&result, "loss")?))
+        };
     let limited = ResourceLimits {
         max_memory: Some(1 << 30),
         stall_timeout: Some(Duration::from_secs(600)),
@@ -48,21 +50,37 @@ pub(crate) fn sgd(quick: bool) -> Result<Vec<Row>> {
         max_checkpoint_bytes: None,
         ..ResourceLimits::default()
     };
-    let (mut guest_vs_native, mut calls_vs_native, mut limits_cost) =
-        (Paired::default(), Paired::default(), Paired::default());
-    for _ in 0..reps {
-        let (native_ns, native_loss) = native();
-        let (guest_ns, guest_loss) = guest(unlimited.clone(), Interruption::Anywhere)?;
-        let (calls_ns, calls_loss) = guest(unlimited.clone(), Interruption::AtHostCalls)?;
-        let (limited_ns, _) = guest(limited.clone(), Interruption::Anywhere)?;
-        for loss in [guest_loss, calls_loss] {
+    let (mut guest_vs_native, mut calls_vs_native, mut limits_cost, mut blocked_vs_native) = (
+        Paired::default(),
+        Paired::default(),
+        Paired::default(),
+        Paired::default(),
+    );
+    let agree = |native_loss: f32, losses: &[f64]| -> Result<()> {
+        for &loss in losses {
             if (f64::from(native_loss) - loss).abs() > 1e-3 * loss.abs().max(1e-6) {
                 bail!("native and guest SGD disagree: loss {native_loss} vs {loss}");
             }
         }
+        Ok(())
+    };
+    for _ in 0..reps {
+        let (native_ns, native_loss) = native(Loops::Plain);
+        let plain = |limits: &ResourceLimits, interruption| {
+            guest(limits.clone(), interruption, Loops::Plain)
+        };
+        let (guest_ns, guest_loss) = plain(&unlimited, Interruption::Anywhere)?;
+        let (calls_ns, calls_loss) = plain(&unlimited, Interruption::AtHostCalls)?;
+        let (limited_ns, _) = plain(&limited, Interruption::Anywhere)?;
+        agree(native_loss, &[guest_loss, calls_loss])?;
+        let (native_blocked_ns, native_blocked_loss) = native(Loops::Blocked);
+        let (blocked_ns, blocked_loss) =
+            guest(unlimited.clone(), Interruption::Anywhere, Loops::Blocked)?;
+        agree(native_blocked_loss, &[blocked_loss])?;
         guest_vs_native.push(native_ns, guest_ns);
         calls_vs_native.push(native_ns, calls_ns);
         limits_cost.push(guest_ns, limited_ns);
+        blocked_vs_native.push(native_blocked_ns, blocked_ns);
     }
     let native_goal = |b: f64, o: f64| Some(o <= goals::SGD_VS_NATIVE * b);
     Ok(vec![
@@ -81,6 +99,15 @@ pub(crate) fn sgd(quick: bool) -> Result<Vec<Row>> {
             "the same Rust code compiled natively (release)".into(),
             format!("≤ {} × native", goals::SGD_VS_NATIVE),
             native_goal,
+        ),
+        blocked_vs_native.row(
+            "sgd",
+            "SGD step as above with its loops written in blocks of 16 (`sgd_step_blocked`, default interruption)".into(),
+            "the same blocked code compiled natively (release)".into(),
+            goals::comparison(
+                "what a guest's loops written in blocks recover of the epoch checks' cost",
+            ),
+            |_, _| None,
         ),
         limits_cost.row(
             "sgd",
