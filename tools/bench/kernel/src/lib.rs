@@ -12,24 +12,7 @@ use std::time::Instant;
 /// Updates `w` by one step of gradient descent on the mean squared error
 /// and returns the batch's loss. `grad` is scratch space of `w.len()`.
 pub fn sgd_step(w: &mut [f32], grad: &mut [f32], x: &[f32], y: &[f32], lr: f32) -> f32 {
-    let dim = w.len();
-    assert_eq!(x.len(), dim * y.len());
-    assert_eq!(grad.len(), dim);
-    grad.iter_mut().for_each(|g| *g = 0.0);
-    let mut loss = 0.0;
-    for (row, &target) in x.chunks_exact(dim).zip(y) {
-        let pred = dot(row, w);
-        let err = pred - target;
-        loss += err * err;
-        for (g, &xi) in grad.iter_mut().zip(row) {
-            *g += err * xi;
-        }
-    }
-    let scale = 2.0 * lr / y.len() as f32;
-    for (wi, &g) in w.iter_mut().zip(grad.iter()) {
-        *wi -= scale * g;
-    }
-    loss / y.len() as f32
+    step::<Plain>(w, grad, x, y, lr)
 }
 
 /// [`sgd_step`] with every loop over the features written in blocks of 16:
@@ -44,64 +27,85 @@ pub fn sgd_step(w: &mut [f32], grad: &mut [f32], x: &[f32], y: &[f32], lr: f32) 
 /// 16 features instead of once per 4. This is how a guest author can
 /// write a hot loop; the benchmarks measure what it recovers.
 pub fn sgd_step_blocked(w: &mut [f32], grad: &mut [f32], x: &[f32], y: &[f32], lr: f32) -> f32 {
+    step::<Blocked>(w, grad, x, y, lr)
+}
+
+/// The step of [`sgd_step`] and [`sgd_step_blocked`], with its loops over
+/// the features written as `L` says.
+fn step<L: FeatureLoops>(w: &mut [f32], grad: &mut [f32], x: &[f32], y: &[f32], lr: f32) -> f32 {
     let dim = w.len();
     assert_eq!(x.len(), dim * y.len());
     assert_eq!(grad.len(), dim);
     grad.iter_mut().for_each(|g| *g = 0.0);
     let mut loss = 0.0;
     for (row, &target) in x.chunks_exact(dim).zip(y) {
-        let pred = dot_blocked(row, w);
+        let pred = L::dot(row, w);
         let err = pred - target;
         loss += err * err;
-        in_blocks(grad, row, |g, xi| *g += err * xi);
+        L::each(grad, row, |g, xi| *g += err * xi);
     }
     let scale = 2.0 * lr / y.len() as f32;
-    in_blocks(w, grad, |wi, g| *wi -= scale * g);
+    L::each(w, grad, |wi, g| *wi -= scale * g);
     loss / y.len() as f32
 }
+
+/// How a step's loops over the features are written.
+trait FeatureLoops {
+    fn dot(a: &[f32], b: &[f32]) -> f32;
+    /// `f(a[i], b[i])` for every feature `i`.
+    fn each(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32));
+}
+
+/// Loops as one writes them; the dot product in eight lanes, so that it
+/// vectorizes (a single running sum would force the additions into order).
+struct Plain;
+
+impl FeatureLoops for Plain {
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        dot::<8>(a, b)
+    }
+
+    #[inline(always)]
+    fn each(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32)) {
+        for (x, &y) in a.iter_mut().zip(b) {
+            f(x, y);
+        }
+    }
+}
+
+/// Loops over blocks of [`BLOCK`] features, and the dot product in as
+/// many lanes.
+struct Blocked;
 
 /// Features per block in [`sgd_step_blocked`].
 const BLOCK: usize = 16;
 
-/// `f(a[i], b[i])` for every `i`, in blocks of [`BLOCK`].
-#[inline(always)]
-fn in_blocks(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32)) {
-    let (mut ca, mut cb) = (a.chunks_exact_mut(BLOCK), b.chunks_exact(BLOCK));
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for i in 0..BLOCK {
-            f(&mut x[i], y[i]);
-        }
+impl FeatureLoops for Blocked {
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        dot::<BLOCK>(a, b)
     }
-    for (x, &y) in ca.into_remainder().iter_mut().zip(cb.remainder()) {
-        f(x, y);
+
+    #[inline(always)]
+    fn each(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32)) {
+        let (mut ca, mut cb) = (a.chunks_exact_mut(BLOCK), b.chunks_exact(BLOCK));
+        for (x, y) in (&mut ca).zip(&mut cb) {
+            for i in 0..BLOCK {
+                f(&mut x[i], y[i]);
+            }
+        }
+        for (x, &y) in ca.into_remainder().iter_mut().zip(cb.remainder()) {
+            f(x, y);
+        }
     }
 }
 
-/// [`dot`] in [`BLOCK`] lanes.
-fn dot_blocked(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; BLOCK];
-    let (ca, cb) = (a.chunks_exact(BLOCK), b.chunks_exact(BLOCK));
+/// A dot product summed in `LANES` running sums.
+fn dot<const LANES: usize>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
-        for i in 0..BLOCK {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for (x, y) in ra.iter().zip(rb) {
-        sum += x * y;
-    }
-    sum
-}
-
-/// A dot product in eight lanes, so that it vectorizes (a single running
-/// sum would force the additions into order).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
+        for i in 0..LANES {
             acc[i] += x[i] * y[i];
         }
     }
