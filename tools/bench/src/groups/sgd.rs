@@ -21,12 +21,12 @@ pub(crate) fn sgd(quick: bool) -> Result<Vec<Row>> {
     let storage = tempfile::tempdir()?;
     let config = |loops| json!({"mode": "sgd", "steps": steps, "dim": dim, "batch": batch, "blocked": loops == Loops::Blocked});
     let guest =
-        |limits: ResourceLimits, interruption: Interruption, loops: Loops| -> Result<(f64, f64)> {
+        |limits: &ResourceLimits, interruption: Interruption, loops: Loops| -> Result<(f64, f64)> {
             let result = run_guest(
                 config(loops),
                 1,
                 RunConfig {
-                    limits,
+                    limits: limits.clone(),
                     interruption,
                     ..local_run(storage.path())
                 },
@@ -66,16 +66,12 @@ pub(crate) fn sgd(quick: bool) -> Result<Vec<Row>> {
     };
     for _ in 0..reps {
         let (native_ns, native_loss) = native(Loops::Plain);
-        let plain = |limits: &ResourceLimits, interruption| {
-            guest(limits.clone(), interruption, Loops::Plain)
-        };
-        let (guest_ns, guest_loss) = plain(&unlimited, Interruption::Anywhere)?;
-        let (calls_ns, calls_loss) = plain(&unlimited, Interruption::AtHostCalls)?;
-        let (limited_ns, _) = plain(&limited, Interruption::Anywhere)?;
+        let (guest_ns, guest_loss) = guest(&unlimited, Interruption::Anywhere, Loops::Plain)?;
+        let (calls_ns, calls_loss) = guest(&unlimited, Interruption::AtHostCalls, Loops::Plain)?;
+        let (limited_ns, _) = guest(&limited, Interruption::Anywhere, Loops::Plain)?;
         agree(native_loss, &[guest_loss, calls_loss])?;
         let (native_blocked_ns, native_blocked_loss) = native(Loops::Blocked);
-        let (blocked_ns, blocked_loss) =
-            guest(unlimited.clone(), Interruption::Anywhere, Loops::Blocked)?;
+        let (blocked_ns, blocked_loss) = guest(&unlimited, Interruption::Anywhere, Loops::Blocked)?;
         agree(native_blocked_loss, &[blocked_loss])?;
         guest_vs_native.push(native_ns, guest_ns);
         calls_vs_native.push(native_ns, calls_ns);
