@@ -200,6 +200,13 @@ def all_reduce(values: Sequence[float], op: str = "sum", dtype: str = "f32") -> 
 
 
 # --- tensors -----------------------------------------------------------
+#
+# A kernel call costs a few microseconds of interpreter and binding work,
+# more than a small layer's maths, and a training step makes several: the
+# methods below call the binding directly inside ``try`` (free in CPython
+# while nothing is raised), with the binding's functions bound once here,
+# instead of through a helper that packs its arguments, and hand lists
+# over without copying them when they already are lists.
 
 _ACTIVATIONS = {
     "relu": _tensors.Activation.RELU,
@@ -209,26 +216,41 @@ _ACTIVATIONS = {
 }
 
 
-def _activation(f: str) -> _tensors.Activation:
-    try:
-        return _ACTIVATIONS[f]
-    except KeyError:
-        raise ValueError(f"unknown activation {f!r}; use one of {', '.join(_ACTIVATIONS)}") from None
+def _activation(f: Optional[str]) -> Optional[_tensors.Activation]:
+    """The binding's activation named ``f``; None for None."""
+    if f is None:
+        return None
+    found = _ACTIVATIONS.get(f)
+    if found is None:
+        raise ValueError(f"unknown activation {f!r}; use one of {', '.join(_ACTIVATIONS)}")
+    return found
 
 
-def _maybe_activation(f: Optional[str]) -> Optional[_tensors.Activation]:
-    return None if f is None else _activation(f)
+def _as_list(values: Sequence[Any]) -> List[Any]:
+    """``values`` as the list the binding takes, copied only if it is not one."""
+    return values if type(values) is list else list(values)
 
 
-def _handle(t: Optional["Tensor"]) -> Optional[_tensors.Tensor]:
-    return None if t is None else t._t
-
-
-def _call(f, *args):
-    try:
-        return f(*args)
-    except Err as e:
-        _raise(e)
+_from_list = _tensors.Tensor.from_list
+_zeros = _tensors.Tensor.zeros
+_uniform = _tensors.Tensor.uniform
+_gemm = _tensors.gemm
+_gather_rows = _tensors.gather_rows
+_axpy = _tensors.axpy
+_scale = _tensors.scale
+_add_row = _tensors.add_row
+_sum_rows = _tensors.sum_rows
+_activate = _tensors.activate
+_activate_backward = _tensors.activate_backward
+_dense = _tensors.dense
+_dense_backward = _tensors.dense_backward
+_softmax_cross_entropy = _tensors.softmax_cross_entropy
+_sgd_momentum = _tensors.sgd_momentum
+_sgd_momentum_list = _tensors.sgd_momentum_list
+_adam = _tensors.adam
+_all_reduce_tensor = _tensors.all_reduce
+_all_reduce_list = _tensors.all_reduce_list
+_broadcast_tensor = _tensors.broadcast
 
 
 class Tensor:
@@ -242,15 +264,24 @@ class Tensor:
 
     @staticmethod
     def from_list(shape: Sequence[int], data: Sequence[float]) -> "Tensor":
-        return Tensor(_call(_tensors.Tensor.from_list, list(shape), list(data)))
+        try:
+            return Tensor(_from_list(_as_list(shape), _as_list(data)))
+        except Err as e:
+            _raise(e)
 
     @staticmethod
     def zeros(shape: Sequence[int]) -> "Tensor":
-        return Tensor(_call(_tensors.Tensor.zeros, list(shape)))
+        try:
+            return Tensor(_zeros(_as_list(shape)))
+        except Err as e:
+            _raise(e)
 
     @staticmethod
     def uniform(shape: Sequence[int], low: float, high: float, seed: int) -> "Tensor":
-        return Tensor(_call(_tensors.Tensor.uniform, list(shape), low, high, seed))
+        try:
+            return Tensor(_uniform(_as_list(shape), low, high, seed))
+        except Err as e:
+            _raise(e)
 
     @property
     def shape(self) -> List[int]:
@@ -260,42 +291,66 @@ class Tensor:
         return self._t.to_list()
 
     def assign(self, data: Sequence[float]) -> None:
-        _call(self._t.assign, list(data))
+        try:
+            self._t.assign(_as_list(data))
+        except Err as e:
+            _raise(e)
 
     def gemm(self, alpha: float, a: "Tensor", b: "Tensor", beta: float = 0.0,
              trans_a: bool = False, trans_b: bool = False) -> None:
         """self = alpha * op(a) @ op(b) + beta * self."""
-        _call(_tensors.gemm, self._t, alpha, a._t, trans_a, b._t, trans_b, beta)
+        try:
+            _gemm(self._t, alpha, a._t, trans_a, b._t, trans_b, beta)
+        except Err as e:
+            _raise(e)
 
     def gather_rows(self, source: "Tensor", rows: Sequence[int]) -> None:
         """Row k of self = row ``rows[k]`` of ``source``: a minibatch taken
         from a dataset kept in the host."""
-        _call(_tensors.gather_rows, self._t, source._t, list(rows))
+        try:
+            _gather_rows(self._t, source._t, _as_list(rows))
+        except Err as e:
+            _raise(e)
 
     def axpy(self, alpha: float, x: "Tensor") -> None:
-        _call(_tensors.axpy, self._t, alpha, x._t)
+        try:
+            _axpy(self._t, alpha, x._t)
+        except Err as e:
+            _raise(e)
 
     def scale(self, alpha: float) -> None:
-        _tensors.scale(self._t, alpha)
+        _scale(self._t, alpha)
 
     def add_row(self, row: "Tensor") -> None:
-        _call(_tensors.add_row, self._t, row._t)
+        try:
+            _add_row(self._t, row._t)
+        except Err as e:
+            _raise(e)
 
     def sum_rows(self, x: "Tensor", beta: float = 0.0) -> None:
-        _call(_tensors.sum_rows, self._t, x._t, beta)
+        try:
+            _sum_rows(self._t, x._t, beta)
+        except Err as e:
+            _raise(e)
 
     def activate(self, f: str) -> None:
-        _tensors.activate(self._t, _activation(f))
+        _activate(self._t, _activation(f))
 
     def activate_backward(self, output: "Tensor", f: str) -> None:
-        _call(_tensors.activate_backward, self._t, output._t, _activation(f))
+        try:
+            _activate_backward(self._t, output._t, _activation(f))
+        except Err as e:
+            _raise(e)
 
     def dense(self, x: "Tensor", w: "Tensor", bias: Optional["Tensor"] = None,
               f: Optional[str] = None) -> None:
         """self = f(x @ w + bias), a dense layer's forward pass in one call
         into the host (the values of ``gemm``, ``add_row`` and ``activate``;
         no bias or function when None)."""
-        _call(_tensors.dense, self._t, x._t, w._t, _handle(bias), _maybe_activation(f))
+        try:
+            _dense(self._t, x._t, w._t, None if bias is None else bias._t, _activation(f))
+        except Err as e:
+            _raise(e)
 
     @staticmethod
     def dense_backward(grad: "Tensor", x: "Tensor", w: "Tensor", grad_w: "Tensor",
@@ -306,29 +361,50 @@ class Tensor:
         grad_w + x.T @ grad, grad_bias = beta * grad_bias + grad's row sum,
         grad_x = (grad @ w.T) * f' with f' from ``x = x_f(...)`` (the
         previous layer's activation), so that it is that layer's ``grad``."""
-        _call(_tensors.dense_backward, grad._t, x._t, w._t, beta, grad_w._t,
-              _handle(grad_bias), _handle(grad_x), _maybe_activation(x_f))
+        try:
+            _dense_backward(grad._t, x._t, w._t, beta, grad_w._t,
+                            None if grad_bias is None else grad_bias._t,
+                            None if grad_x is None else grad_x._t, _activation(x_f))
+        except Err as e:
+            _raise(e)
 
     def softmax_cross_entropy(self, labels: Sequence[int], grad: "Tensor", grad_scale: float = 1.0) -> Tuple[float, int]:
-        return _call(_tensors.softmax_cross_entropy, self._t, list(labels), grad._t, grad_scale)
+        try:
+            return _softmax_cross_entropy(self._t, _as_list(labels), grad._t, grad_scale)
+        except Err as e:
+            _raise(e)
 
     def sgd_momentum(self, velocity: "Tensor", grad: "Tensor", lr: float, momentum: float) -> None:
-        _call(_tensors.sgd_momentum, self._t, velocity._t, grad._t, lr, momentum)
+        try:
+            _sgd_momentum(self._t, velocity._t, grad._t, lr, momentum)
+        except Err as e:
+            _raise(e)
 
     def adam(self, m: "Tensor", v: "Tensor", grad: "Tensor", lr: float, step: int,
              beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8) -> None:
-        _call(_tensors.adam, self._t, m._t, v._t, grad._t,
-              _tensors.AdamStep(lr, beta1, beta2, epsilon, step))
+        try:
+            _adam(self._t, m._t, v._t, grad._t, _tensors.AdamStep(lr, beta1, beta2, epsilon, step))
+        except Err as e:
+            _raise(e)
 
     def all_reduce(self, op: str = "sum") -> None:
-        _call(_tensors.all_reduce, self._t, _op(op))
+        try:
+            _all_reduce_tensor(self._t, _op(op))
+        except Err as e:
+            _raise(e)
 
     def broadcast(self, root: int = 0) -> None:
-        _call(_tensors.broadcast, self._t, root)
+        try:
+            _broadcast_tensor(self._t, root)
+        except Err as e:
+            _raise(e)
 
     @staticmethod
     def all_reduce_list(tensors: Sequence["Tensor"], op: str = "sum") -> None:
-        _call(_tensors.all_reduce_list, [t._t for t in tensors], _op(op))
+        try:
+            _all_reduce_list([t._t for t in tensors], _op(op))
+        except Err as e:
+            _raise(e)
 
     @staticmethod
     def sgd_momentum_list(params: Sequence["Tensor"], velocity: Sequence["Tensor"],
@@ -337,13 +413,22 @@ class Tensor:
         """``sgd_momentum`` of every tensor of a model in one call into the
         host, each gradient times ``grad_scale`` (the gradients are not
         changed)."""
-        _call(_tensors.sgd_momentum_list, [t._t for t in params], [t._t for t in velocity],
-              [t._t for t in grads], grad_scale, lr, momentum)
+        try:
+            _sgd_momentum_list([t._t for t in params], [t._t for t in velocity],
+                               [t._t for t in grads], grad_scale, lr, momentum)
+        except Err as e:
+            _raise(e)
 
     @staticmethod
     def save(path: str, named: Dict[str, "Tensor"]) -> None:
-        _call(_tensors.save, path, [(k, t._t) for k, t in named.items()])
+        try:
+            _tensors.save(path, [(k, t._t) for k, t in named.items()])
+        except Err as e:
+            _raise(e)
 
     @staticmethod
     def load(path: str) -> Dict[str, "Tensor"]:
-        return {k: Tensor(t) for k, t in _call(_tensors.load, path)}
+        try:
+            return {k: Tensor(t) for k, t in _tensors.load(path)}
+        except Err as e:
+            _raise(e)

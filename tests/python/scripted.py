@@ -9,7 +9,8 @@ Hostile behaviour, before the first epoch, on the ranks listed in
 ``ranks`` (default every rank): ``alloc_mb`` (hold that many MiB),
 ``spin`` (loop forever), ``sleep_s`` (sleep that long), ``flood`` (print
 that many bytes as fast as it can), ``escape`` (try ways out of the
-sandbox; print how each ended, one line each).
+sandbox; print how each ended, one line each), ``misuse`` (call kernels
+wrongly; print how each call ended, one line each).
 """
 
 import os
@@ -28,6 +29,23 @@ def attempt(what, action):
         print(f"{what}: refused by the host: {e}")
     except OSError as e:
         print(f"{what}: refused: {type(e).__name__}")
+    except ValueError as e:
+        print(f"{what}: refused by the SDK: {e}")
+
+
+def misuse():
+    a = Tensor.zeros([2, 3])
+    b = Tensor.zeros([4, 5])
+    out = Tensor.zeros([2, 5])
+    attempt("gemm of mismatched shapes", lambda: out.gemm(1.0, a, b))
+    attempt("dense of mismatched shapes", lambda: out.dense(a, b, None, "relu"))
+    attempt("dense with an unknown activation", lambda: out.dense(a, Tensor.zeros([3, 5]), None, "gelu"))
+    attempt("gather of a row past the end", lambda: a.gather_rows(Tensor.zeros([4, 3]), (0, 4)))
+    attempt("labels past the classes", lambda: out.softmax_cross_entropy([0, 9], Tensor.zeros([2, 5])))
+    attempt("all-reduce with an unknown op", lambda: Tensor.all_reduce_list([a], "prod"))
+    params, velocity = [Tensor.zeros([2])], [Tensor.zeros([2]), Tensor.zeros([2])]
+    attempt("sgd over lists of different lengths",
+            lambda: Tensor.sgd_momentum_list(params, velocity, [Tensor.zeros([2])], 0.1, 0.9))
 
 
 def escape():
@@ -59,6 +77,8 @@ def misbehave(cfg, rank):
             print(line)
     if cfg.get("escape"):
         escape()
+    if cfg.get("misuse"):
+        misuse()
     return held
 
 

@@ -166,6 +166,50 @@ fn a_python_exception_fails_the_run_with_its_traceback() {
     }
 }
 
+/// A kernel the host refuses raises `TrainhostError` naming the kind of
+/// refusal and what was wrong; a name the SDK does not know (an
+/// activation, a reduction) raises `ValueError` listing the names it
+/// does; the loop catches either and goes on.
+#[test]
+fn a_python_loop_catches_refused_kernel_calls() {
+    let Some((result, lines)) = run(1, json!({"misuse": true, "epochs": 1}), 0) else {
+        return;
+    };
+    assert!(result.error.is_none(), "{:?}", result.error);
+    let printed: Vec<String> = lines
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, _, l)| l.clone())
+        .collect();
+    let expected = [
+        ("gemm of mismatched shapes", "refused by the host: Shape: "),
+        ("dense of mismatched shapes", "refused by the host: Shape: "),
+        (
+            "dense with an unknown activation",
+            "refused by the SDK: unknown activation 'gelu'; use one of relu, tanh",
+        ),
+        ("gather of a row past the end", "refused by the host: "),
+        ("labels past the classes", "refused by the host: "),
+        (
+            "all-reduce with an unknown op",
+            "refused by the SDK: unknown reduction 'prod'; use one of sum",
+        ),
+        (
+            "sgd over lists of different lengths",
+            "refused by the host: Shape: sgd-momentum-list: 1 params, 2 velocities",
+        ),
+    ];
+    for (what, outcome) in expected {
+        let line = printed
+            .iter()
+            .find(|l| l.starts_with(&format!("{what}: ")))
+            .unwrap_or_else(|| panic!("no line for {what:?} in {printed:?}"));
+        assert!(line.contains(outcome), "{line:?} should say {outcome:?}");
+    }
+}
+
 #[test]
 fn a_crashed_python_loop_resumes_from_its_checkpoint() {
     let config = json!({"epochs": 4, "fail_at": 3, "checkpoint_every": 2});
