@@ -234,11 +234,9 @@ fn example_crash_and_restore(backend: &Backend) {
     assert_eq!(result.metrics_history.len(), 4);
     assert!(
         lines
-            .0
-            .lock()
-            .unwrap()
+            .texts()
             .iter()
-            .any(|l| l.2 == "resuming from /checkpoints/checkpoint_000000 after epoch 0"),
+            .any(|l| l == "resuming from /checkpoints/checkpoint_000000 after epoch 0"),
         "{}",
         backend.url
     );

@@ -131,11 +131,9 @@ fn sharded_checkpoints_merge_and_resume_onto_the_same_trajectory() {
     );
     assert!(
         lines
-            .0
-            .lock()
-            .unwrap()
+            .texts()
             .iter()
-            .any(|(_, _, l)| l.contains("resuming from /checkpoints/resume_from after epoch 2"))
+            .any(|l| l.contains("resuming from /checkpoints/resume_from after epoch 2"))
     );
     let mut joined = losses(&sharded);
     joined.extend(losses(&resumed));

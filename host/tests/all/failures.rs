@@ -221,13 +221,7 @@ fn the_example_crashes_once_at_epoch_one_and_finishes_from_the_epoch_zero_checkp
             .message
             .contains("injected failure at epoch 1")
     );
-    let printed: Vec<String> = lines
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|l| l.2.clone())
-        .collect();
+    let printed = lines.texts();
     assert!(
         printed
             .iter()

@@ -176,13 +176,7 @@ fn a_python_loop_catches_refused_kernel_calls() {
         return;
     };
     assert!(result.error.is_none(), "{:?}", result.error);
-    let printed: Vec<String> = lines
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(_, _, l)| l.clone())
-        .collect();
+    let printed = lines.texts();
     let expected = [
         ("gemm of mismatched shapes", "refused by the host: Shape: "),
         ("dense of mismatched shapes", "refused by the host: Shape: "),

@@ -21,13 +21,7 @@ fn a_python_loop_cannot_leave_its_sandbox() {
     assert!(result.error.is_none(), "{:?}", result.error);
     assert!(result.checkpoint.is_none(), "nothing may be committed");
     assert_eq!(result.metrics_history.len(), 1, "only the epoch's report");
-    let printed: Vec<String> = lines
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(_, _, l)| l.clone())
-        .collect();
+    let printed = lines.texts();
     let attempts = [
         "read /etc/passwd",
         "list /",

@@ -15,6 +15,13 @@ pub use trainhost_test_artifacts::{LINEAR_REGRESSION, QUICKSTART, TEST_GUEST};
 #[derive(Default)]
 pub struct Lines(pub Mutex<Vec<(u32, Stream, String)>>);
 
+impl Lines {
+    /// The text of every line printed so far, every rank's, in order.
+    pub fn texts(&self) -> Vec<String> {
+        self.0.lock().unwrap().iter().map(|l| l.2.clone()).collect()
+    }
+}
+
 impl OutputSink for Lines {
     fn line(&self, rank: u32, stream: Stream, line: &str) {
         self.0.lock().unwrap().push((rank, stream, line.to_owned()));
