@@ -204,9 +204,9 @@ def all_reduce(values: Sequence[float], op: str = "sum", dtype: str = "f32") -> 
 # A kernel call costs a few microseconds of interpreter and binding work,
 # more than a small layer's maths, and a training step makes several: the
 # methods below call the binding directly inside ``try`` (free in CPython
-# while nothing is raised), with the binding's functions bound once here,
-# instead of through a helper that packs its arguments, and hand lists
-# over without copying them when they already are lists.
+# while nothing is raised) instead of through a helper that packs their
+# arguments, and hand lists over without copying them when they already
+# are lists.
 
 _ACTIVATIONS = {
     "relu": _tensors.Activation.RELU,
@@ -231,28 +231,6 @@ def _as_list(values: Sequence[Any]) -> List[Any]:
     return values if type(values) is list else list(values)
 
 
-_from_list = _tensors.Tensor.from_list
-_zeros = _tensors.Tensor.zeros
-_uniform = _tensors.Tensor.uniform
-_gemm = _tensors.gemm
-_gather_rows = _tensors.gather_rows
-_axpy = _tensors.axpy
-_scale = _tensors.scale
-_add_row = _tensors.add_row
-_sum_rows = _tensors.sum_rows
-_activate = _tensors.activate
-_activate_backward = _tensors.activate_backward
-_dense = _tensors.dense
-_dense_backward = _tensors.dense_backward
-_softmax_cross_entropy = _tensors.softmax_cross_entropy
-_sgd_momentum = _tensors.sgd_momentum
-_sgd_momentum_list = _tensors.sgd_momentum_list
-_adam = _tensors.adam
-_all_reduce_tensor = _tensors.all_reduce
-_all_reduce_list = _tensors.all_reduce_list
-_broadcast_tensor = _tensors.broadcast
-
-
 class Tensor:
     """An f32 tensor of rank 1 or 2 that lives in the host; kernels run
     on it at native speed and write into the tensor they are called on."""
@@ -265,21 +243,21 @@ class Tensor:
     @staticmethod
     def from_list(shape: Sequence[int], data: Sequence[float]) -> "Tensor":
         try:
-            return Tensor(_from_list(_as_list(shape), _as_list(data)))
+            return Tensor(_tensors.Tensor.from_list(_as_list(shape), _as_list(data)))
         except Err as e:
             _raise(e)
 
     @staticmethod
     def zeros(shape: Sequence[int]) -> "Tensor":
         try:
-            return Tensor(_zeros(_as_list(shape)))
+            return Tensor(_tensors.Tensor.zeros(_as_list(shape)))
         except Err as e:
             _raise(e)
 
     @staticmethod
     def uniform(shape: Sequence[int], low: float, high: float, seed: int) -> "Tensor":
         try:
-            return Tensor(_uniform(_as_list(shape), low, high, seed))
+            return Tensor(_tensors.Tensor.uniform(_as_list(shape), low, high, seed))
         except Err as e:
             _raise(e)
 
@@ -300,7 +278,7 @@ class Tensor:
              trans_a: bool = False, trans_b: bool = False) -> None:
         """self = alpha * op(a) @ op(b) + beta * self."""
         try:
-            _gemm(self._t, alpha, a._t, trans_a, b._t, trans_b, beta)
+            _tensors.gemm(self._t, alpha, a._t, trans_a, b._t, trans_b, beta)
         except Err as e:
             _raise(e)
 
@@ -308,37 +286,37 @@ class Tensor:
         """Row k of self = row ``rows[k]`` of ``source``: a minibatch taken
         from a dataset kept in the host."""
         try:
-            _gather_rows(self._t, source._t, _as_list(rows))
+            _tensors.gather_rows(self._t, source._t, _as_list(rows))
         except Err as e:
             _raise(e)
 
     def axpy(self, alpha: float, x: "Tensor") -> None:
         try:
-            _axpy(self._t, alpha, x._t)
+            _tensors.axpy(self._t, alpha, x._t)
         except Err as e:
             _raise(e)
 
     def scale(self, alpha: float) -> None:
-        _scale(self._t, alpha)
+        _tensors.scale(self._t, alpha)
 
     def add_row(self, row: "Tensor") -> None:
         try:
-            _add_row(self._t, row._t)
+            _tensors.add_row(self._t, row._t)
         except Err as e:
             _raise(e)
 
     def sum_rows(self, x: "Tensor", beta: float = 0.0) -> None:
         try:
-            _sum_rows(self._t, x._t, beta)
+            _tensors.sum_rows(self._t, x._t, beta)
         except Err as e:
             _raise(e)
 
     def activate(self, f: str) -> None:
-        _activate(self._t, _activation(f))
+        _tensors.activate(self._t, _activation(f))
 
     def activate_backward(self, output: "Tensor", f: str) -> None:
         try:
-            _activate_backward(self._t, output._t, _activation(f))
+            _tensors.activate_backward(self._t, output._t, _activation(f))
         except Err as e:
             _raise(e)
 
@@ -348,7 +326,7 @@ class Tensor:
         into the host (the values of ``gemm``, ``add_row`` and ``activate``;
         no bias or function when None)."""
         try:
-            _dense(self._t, x._t, w._t, None if bias is None else bias._t, _activation(f))
+            _tensors.dense(self._t, x._t, w._t, None if bias is None else bias._t, _activation(f))
         except Err as e:
             _raise(e)
 
@@ -362,7 +340,7 @@ class Tensor:
         grad_x = (grad @ w.T) * f' with f' from ``x = x_f(...)`` (the
         previous layer's activation), so that it is that layer's ``grad``."""
         try:
-            _dense_backward(grad._t, x._t, w._t, beta, grad_w._t,
+            _tensors.dense_backward(grad._t, x._t, w._t, beta, grad_w._t,
                             None if grad_bias is None else grad_bias._t,
                             None if grad_x is None else grad_x._t, _activation(x_f))
         except Err as e:
@@ -370,39 +348,39 @@ class Tensor:
 
     def softmax_cross_entropy(self, labels: Sequence[int], grad: "Tensor", grad_scale: float = 1.0) -> Tuple[float, int]:
         try:
-            return _softmax_cross_entropy(self._t, _as_list(labels), grad._t, grad_scale)
+            return _tensors.softmax_cross_entropy(self._t, _as_list(labels), grad._t, grad_scale)
         except Err as e:
             _raise(e)
 
     def sgd_momentum(self, velocity: "Tensor", grad: "Tensor", lr: float, momentum: float) -> None:
         try:
-            _sgd_momentum(self._t, velocity._t, grad._t, lr, momentum)
+            _tensors.sgd_momentum(self._t, velocity._t, grad._t, lr, momentum)
         except Err as e:
             _raise(e)
 
     def adam(self, m: "Tensor", v: "Tensor", grad: "Tensor", lr: float, step: int,
              beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8) -> None:
         try:
-            _adam(self._t, m._t, v._t, grad._t, _tensors.AdamStep(lr, beta1, beta2, epsilon, step))
+            _tensors.adam(self._t, m._t, v._t, grad._t, _tensors.AdamStep(lr, beta1, beta2, epsilon, step))
         except Err as e:
             _raise(e)
 
     def all_reduce(self, op: str = "sum") -> None:
         try:
-            _all_reduce_tensor(self._t, _op(op))
+            _tensors.all_reduce(self._t, _op(op))
         except Err as e:
             _raise(e)
 
     def broadcast(self, root: int = 0) -> None:
         try:
-            _broadcast_tensor(self._t, root)
+            _tensors.broadcast(self._t, root)
         except Err as e:
             _raise(e)
 
     @staticmethod
     def all_reduce_list(tensors: Sequence["Tensor"], op: str = "sum") -> None:
         try:
-            _all_reduce_list([t._t for t in tensors], _op(op))
+            _tensors.all_reduce_list([t._t for t in tensors], _op(op))
         except Err as e:
             _raise(e)
 
@@ -414,7 +392,7 @@ class Tensor:
         host, each gradient times ``grad_scale`` (the gradients are not
         changed)."""
         try:
-            _sgd_momentum_list([t._t for t in params], [t._t for t in velocity],
+            _tensors.sgd_momentum_list([t._t for t in params], [t._t for t in velocity],
                                [t._t for t in grads], grad_scale, lr, momentum)
         except Err as e:
             _raise(e)
