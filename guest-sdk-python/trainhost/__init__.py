@@ -74,30 +74,39 @@ def entry(train: Callable[[], None]) -> Callable[[], None]:
 # --- context -----------------------------------------------------------
 
 def world_rank() -> int:
+    """This rank's index among all ranks of the run, from 0; rank 0's
+    metrics are the ones recorded."""
     return _context.world_rank()
 
 
 def world_size() -> int:
+    """How many ranks the run has."""
     return _context.world_size()
 
 
 def local_rank() -> int:
+    """This rank's index among the ranks on the same host."""
     return _context.local_rank()
 
 
 def local_world_size() -> int:
+    """How many ranks run on this rank's host."""
     return _context.local_world_size()
 
 
 def node_rank() -> int:
+    """The index of this rank's host among the hosts of the run."""
     return _context.node_rank()
 
 
 def run_name() -> str:
+    """The run's name."""
     return _context.run_name()
 
 
 def scratch_dir() -> str:
+    """This rank's private read-write directory, where checkpoints are
+    written before they are reported; also the working directory."""
     return _context.scratch_dir()
 
 
@@ -146,6 +155,9 @@ def get_checkpoint() -> Optional[str]:
 
 
 def preemption_requested() -> bool:
+    """Whether the host asked the run to stop early (preemption, or the
+    user interrupted it): true on every rank right after the same
+    ``report``. Save a final checkpoint, report it, and return."""
     return _session.preemption_requested()
 
 
@@ -167,6 +179,7 @@ def _op(op: str) -> _collective.ReduceOp:
 
 
 def barrier() -> None:
+    """Wait until every rank has called it. Collective."""
     try:
         _collective.barrier()
     except Err as e:
@@ -174,6 +187,7 @@ def barrier() -> None:
 
 
 def broadcast(data: bytes, root: int = 0) -> bytes:
+    """Rank ``root``'s ``data``, on every rank. Collective."""
     try:
         return _collective.broadcast(data, root)
     except Err as e:
@@ -181,6 +195,7 @@ def broadcast(data: bytes, root: int = 0) -> bytes:
 
 
 def all_gather(data: bytes) -> List[bytes]:
+    """Every rank's ``data``, in rank order, on every rank. Collective."""
     try:
         return _collective.all_gather(data)
     except Err as e:
@@ -242,6 +257,7 @@ class Tensor:
 
     @staticmethod
     def from_list(shape: Sequence[int], data: Sequence[float]) -> "Tensor":
+        """A tensor of ``shape`` holding ``data``, row-major."""
         try:
             return Tensor(_tensors.Tensor.from_list(_as_list(shape), _as_list(data)))
         except Err as e:
@@ -249,6 +265,7 @@ class Tensor:
 
     @staticmethod
     def zeros(shape: Sequence[int]) -> "Tensor":
+        """A tensor of ``shape`` full of zeros."""
         try:
             return Tensor(_tensors.Tensor.zeros(_as_list(shape)))
         except Err as e:
@@ -256,6 +273,8 @@ class Tensor:
 
     @staticmethod
     def uniform(shape: Sequence[int], low: float, high: float, seed: int) -> "Tensor":
+        """A tensor of ``shape`` drawn uniformly from [low, high) by a
+        generator seeded with ``seed``: the same values on every host."""
         try:
             return Tensor(_tensors.Tensor.uniform(_as_list(shape), low, high, seed))
         except Err as e:
@@ -263,12 +282,15 @@ class Tensor:
 
     @property
     def shape(self) -> List[int]:
+        """The shape: ``[n]`` or ``[rows, cols]``."""
         return self._t.shape()
 
     def to_list(self) -> List[float]:
+        """A copy of the values, row-major."""
         return self._t.to_list()
 
     def assign(self, data: Sequence[float]) -> None:
+        """Overwrite the values with ``data``, which must fill the shape."""
         try:
             self._t.assign(_as_list(data))
         except Err as e:
@@ -291,30 +313,39 @@ class Tensor:
             _raise(e)
 
     def axpy(self, alpha: float, x: "Tensor") -> None:
+        """self = self + alpha * x, element by element (same shapes)."""
         try:
             _tensors.axpy(self._t, alpha, x._t)
         except Err as e:
             _raise(e)
 
     def scale(self, alpha: float) -> None:
+        """self = alpha * self."""
         _tensors.scale(self._t, alpha)
 
     def add_row(self, row: "Tensor") -> None:
+        """Add ``row`` (``[cols]``) to every row of self (``[rows, cols]``): a bias."""
         try:
             _tensors.add_row(self._t, row._t)
         except Err as e:
             _raise(e)
 
     def sum_rows(self, x: "Tensor", beta: float = 0.0) -> None:
+        """self = beta * self + the sum of x's rows (x: ``[rows, cols]``,
+        self: ``[cols]``): a bias's gradient."""
         try:
             _tensors.sum_rows(self._t, x._t, beta)
         except Err as e:
             _raise(e)
 
     def activate(self, f: str) -> None:
+        """self = f(self), element by element; ``f`` is "relu", "tanh",
+        "sigmoid" or "exp"."""
         _tensors.activate(self._t, _activation(f))
 
     def activate_backward(self, output: "Tensor", f: str) -> None:
+        """self = self * f', element by element, with f' taken from
+        ``output = f(input)``: a gradient back through an activation."""
         try:
             _tensors.activate_backward(self._t, output._t, _activation(f))
         except Err as e:
@@ -347,12 +378,19 @@ class Tensor:
             _raise(e)
 
     def softmax_cross_entropy(self, labels: Sequence[int], grad: "Tensor", grad_scale: float = 1.0) -> Tuple[float, int]:
+        """Softmax cross-entropy of self (logits, ``[rows, classes]``)
+        against ``labels`` (one per row, each below ``classes``). Returns the
+        summed loss and how many rows' largest logit is their label, and
+        writes into ``grad`` (self's shape) the summed loss's gradient times
+        ``grad_scale``."""
         try:
             return _tensors.softmax_cross_entropy(self._t, _as_list(labels), grad._t, grad_scale)
         except Err as e:
             _raise(e)
 
     def sgd_momentum(self, velocity: "Tensor", grad: "Tensor", lr: float, momentum: float) -> None:
+        """SGD with momentum on self, in place: velocity = momentum *
+        velocity + grad, self = self - lr * velocity (same shapes)."""
         try:
             _tensors.sgd_momentum(self._t, velocity._t, grad._t, lr, momentum)
         except Err as e:
@@ -360,18 +398,25 @@ class Tensor:
 
     def adam(self, m: "Tensor", v: "Tensor", grad: "Tensor", lr: float, step: int,
              beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8) -> None:
+        """One Adam step on self, in place, with moments ``m`` and ``v``
+        (same shapes); ``step`` counts from 1 for the bias corrections."""
         try:
             _tensors.adam(self._t, m._t, v._t, grad._t, _tensors.AdamStep(lr, beta1, beta2, epsilon, step))
         except Err as e:
             _raise(e)
 
     def all_reduce(self, op: str = "sum") -> None:
+        """Combine every rank's values of this tensor in place in the host
+        (``op``: "sum", "mean", "min" or "max"). Collective: every rank
+        calls it, in the same order as its other collective calls."""
         try:
             _tensors.all_reduce(self._t, _op(op))
         except Err as e:
             _raise(e)
 
     def broadcast(self, root: int = 0) -> None:
+        """Replace every rank's values of this tensor by rank ``root``'s,
+        in place in the host. Collective."""
         try:
             _tensors.broadcast(self._t, root)
         except Err as e:
@@ -379,6 +424,8 @@ class Tensor:
 
     @staticmethod
     def all_reduce_list(tensors: Sequence["Tensor"], op: str = "sum") -> None:
+        """``all_reduce`` of several tensors in one collective round, as
+        one all-reduce of their values one after the other."""
         try:
             _tensors.all_reduce_list([t._t for t in tensors], _op(op))
         except Err as e:
@@ -399,6 +446,9 @@ class Tensor:
 
     @staticmethod
     def save(path: str, named: Dict[str, "Tensor"]) -> None:
+        """Write the tensors under their names into the safetensors file
+        ``path`` (below the scratch directory), from the host; the file
+        appears whole or not at all."""
         try:
             _tensors.save(path, [(k, t._t) for k, t in named.items()])
         except Err as e:
@@ -406,6 +456,8 @@ class Tensor:
 
     @staticmethod
     def load(path: str) -> Dict[str, "Tensor"]:
+        """Every tensor of the safetensors file ``path`` (in the scratch
+        directory or a restored checkpoint), as new host tensors."""
         try:
             return {k: Tensor(t) for k, t in _tensors.load(path)}
         except Err as e:
