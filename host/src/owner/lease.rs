@@ -4,10 +4,11 @@
 //! and a renewal count. It is created with a conditional put (fails if it
 //! exists), taken over with a put conditional on the version that was read,
 //! and renewed every quarter of the timeout with a put conditional on the
-//! version the last renewal wrote. Whichever of two racing hosts writes
-//! first wins; the other's condition fails. A holder whose renewal finds
-//! another version has been taken over and learns so (the generation says
-//! how many times the run changed hands).
+//! version the last renewal wrote (a failed renewal is tried again
+//! sooner). Whichever of two racing hosts writes first wins; the other's
+//! condition fails. A holder whose renewal finds another version has been
+//! taken over and learns so (the generation says how many times the run
+//! changed hands).
 //!
 //! Expiry is judged by the storage server's clock, which all hosts share:
 //! the lease expires `timeout` after the server stored its last renewal.
@@ -230,6 +231,11 @@ fn lock(written: &Mutex<Written>) -> std::sync::MutexGuard<'_, Written> {
 /// Renew the lease every quarter of `timeout` until it is lost: taken over
 /// by another host, or not renewed for `budget` (the storage's retry
 /// timeout: the storage was unreachable for longer than a run waits).
+///
+/// A renewal that fails is tried again after an eighth of that period,
+/// not a whole one: writes wait while ownership is unconfirmed (see
+/// [`Fence`]), so after an outage they go on as soon as the storage is
+/// back, not up to a period later.
 async fn renew(
     run: Storage,
     fence: Arc<Fence>,
@@ -239,8 +245,9 @@ async fn renew(
 ) {
     let period = timeout / 4;
     let mut confirmed = Instant::now();
+    let mut wait = period;
     loop {
-        tokio::time::sleep(period).await;
+        tokio::time::sleep(wait).await;
         let (mine, bytes, version) = {
             let mut w = lock(&written);
             w.file.renewals += 1;
@@ -248,12 +255,17 @@ async fn renew(
         };
         let sent = Instant::now();
         let put = run.put_if(OWNER, bytes, Claim::Update(version));
+        wait = period / 8;
         match tokio::time::timeout(period, put).await {
             Ok(Ok(Some(version))) => {
                 lock(&written).version = version;
                 fence.extend(sent + timeout / 2);
                 confirmed = sent;
+                wait = period;
             }
+            // The version changed: a renewal whose answer was lost stored
+            // it (the next renewal, from that version, confirms the lease),
+            // or another host took the run over.
             Ok(Ok(None)) => match taken_over(&run, &mine).await {
                 Ok(Ok(version)) => lock(&written).version = version,
                 Ok(Err(reason)) => {

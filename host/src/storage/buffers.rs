@@ -134,7 +134,9 @@ impl Buffer {
     }
 
     /// The buffer's bytes, filled by the caller (never beyond
-    /// [`PART_SIZE`], so that it is not reallocated).
+    /// [`PART_SIZE`], so that it is not reallocated). Its capacity is
+    /// exactly [`PART_SIZE`]: `Vec::with_capacity` gives exactly what it
+    /// is asked for, and only such buffers return to the pool.
     pub fn bytes(&mut self) -> &mut Vec<u8> {
         &mut self.bytes.bytes
     }

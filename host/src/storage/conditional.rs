@@ -92,7 +92,7 @@ impl Storage {
     /// write of this host that landed before a retry counts as done.
     pub async fn create(&self, relative: &str, data: Bytes) -> Result<bool, Error> {
         let put = || self.put_if(relative, data.clone(), Claim::Create);
-        if self.write(true, put).await?.is_some() {
+        if self.write(put).await?.is_some() {
             return Ok(true);
         }
         Ok(self.get(relative).await?.is_some_and(|found| found == data))
@@ -129,7 +129,7 @@ impl Storage {
             None => Claim::Create,
         };
         let put = || self.put_if(relative, data.clone(), claim.clone());
-        if let Some(version) = self.write(true, put).await? {
+        if let Some(version) = self.write(put).await? {
             return Ok(Some(version));
         }
         // A write of this host that landed before a retry reads back as

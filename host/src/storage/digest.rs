@@ -77,7 +77,9 @@ pub(super) fn hash_file(dir: &cap_std::fs::Dir, path: &str, parts: bool) -> Resu
 /// A file's SHA-256 as it is uploaded: computed from its bytes (with each
 /// part's own, for a store that signs every request's payload), or known
 /// beforehand (the caller hashed the file already, perhaps with its parts)
-/// and then not computed again.
+/// and then not computed again. Cloned to start again from the same point
+/// (an upload made again from the start).
+#[derive(Clone)]
 pub(super) enum FileDigest {
     Computing(Sha256),
     WithParts(FileAndParts),

@@ -69,15 +69,12 @@ impl Fence {
     }
 
     /// Run the write `make()` builds while ownership holds, on behalf of
-    /// `url`. If ownership lapses while it is in flight, the write is
-    /// dropped; once ownership is confirmed again it is made again if
-    /// `restartable`, else it fails.
-    pub(super) async fn guard<T, F, Fut>(
-        &self,
-        url: &str,
-        restartable: bool,
-        mut make: F,
-    ) -> Result<T, Error>
+    /// `url`. If ownership lapses while it is in flight (a storage outage
+    /// that delayed the lease's renewal, or a pause), the write is
+    /// dropped, and made again from the start once ownership is confirmed:
+    /// an outage costs time, not the run. `make` must build the whole
+    /// write each time.
+    pub(super) async fn guard<T, F, Fut>(&self, url: &str, mut make: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, Error>>,
@@ -87,7 +84,6 @@ impl Fence {
             run: url.to_owned(),
             reason: reason.to_owned(),
         };
-        let mut attempts = 0;
         loop {
             // Wait until ownership is known to hold.
             let mut until = loop {
@@ -101,12 +97,6 @@ impl Fence {
                     }
                 }
             };
-            if attempts > 0 && !restartable {
-                return Err(fenced(
-                    "the lease on the run lapsed while writing, and this write cannot be repeated",
-                ));
-            }
-            attempts += 1;
             let write = make();
             tokio::pin!(write);
             loop {
@@ -147,7 +137,7 @@ mod tests {
         let fence = Fence::new(Instant::now() + Duration::from_secs(60));
         fence.lose("another host took the run over".into());
         let made = AtomicU32::new(0);
-        let result = rt().block_on(fence.guard("s3://b/run", true, || {
+        let result = rt().block_on(fence.guard("s3://b/run", || {
             made.fetch_add(1, Ordering::SeqCst);
             async { Ok(()) }
         }));
@@ -167,7 +157,7 @@ mod tests {
                 fence.extend(Instant::now() + Duration::from_secs(60));
                 std::future::pending::<()>().await
             };
-            let write = fence.guard("s3://b/run", true, || {
+            let write = fence.guard("s3://b/run", || {
                 let n = made.fetch_add(1, Ordering::SeqCst);
                 async move {
                     if n == 0 {
@@ -183,27 +173,5 @@ mod tests {
             }
         });
         assert_eq!(result.unwrap(), 1, "made a second time after the renewal");
-    }
-
-    #[test]
-    fn a_write_that_cannot_be_repeated_fails_when_ownership_lapses_under_it() {
-        let rt = rt();
-        let fence = Fence::new(Instant::now() + Duration::from_millis(50));
-        let result = rt.block_on(async {
-            let renew = async {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                fence.extend(Instant::now() + Duration::from_secs(60));
-                std::future::pending::<()>().await
-            };
-            let write = fence.guard("s3://b/run", false, || async {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok(())
-            });
-            tokio::select! {
-                done = write => done,
-                _ = renew => unreachable!(),
-            }
-        });
-        assert!(result.unwrap_err().to_string().contains("lapsed"));
     }
 }

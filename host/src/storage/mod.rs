@@ -230,23 +230,31 @@ impl Storage {
     }
 
     /// Run the write `make()` builds, fenced if this location is (see
-    /// [`Fence::guard`]); a `restartable` one is sent again if it never
-    /// left this host.
-    async fn write<T, F, Fut>(&self, restartable: bool, mut make: F) -> Result<T, Error>
+    /// [`Fence::guard`]), and send it again if it never left this host.
+    async fn write<T, F, Fut>(&self, mut make: F) -> Result<T, Error>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, Error>>,
     {
         let mut attempts = self.resend.attempts();
         loop {
-            let result = match &self.fence {
-                Some(fence) => fence.guard(&self.url, restartable, &mut make).await,
-                None => make().await,
-            };
-            match result {
-                Err(e) if restartable && attempts.again(&e).await => {}
+            match self.fenced_write(&mut make).await {
+                Err(e) if attempts.again(&e).await => {}
                 result => return result,
             }
+        }
+    }
+
+    /// Run the write `make()` builds, fenced if this location is: made
+    /// again from the start if ownership lapses while it is in flight.
+    async fn fenced_write<T, F, Fut>(&self, mut make: F) -> Result<T, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        match &self.fence {
+            Some(fence) => fence.guard(&self.url, make).await,
+            None => make().await,
         }
     }
 
@@ -290,7 +298,7 @@ impl Storage {
     pub async fn copy_from(&self, source: &Storage, from: &str, to: &str) -> Result<(), Error> {
         debug_assert!(Arc::ptr_eq(&self.store, &source.store));
         let (from_path, to_path) = (source.object_path(from), self.object_path(to));
-        self.write(true, || async {
+        self.write(|| async {
             self.store
                 .copy(&from_path, &to_path)
                 .await
@@ -302,7 +310,7 @@ impl Storage {
     /// Store `data` at `relative`, replacing what was there.
     pub async fn put(&self, relative: &str, data: Bytes) -> Result<(), Error> {
         let path = self.object_path(relative);
-        self.write(true, || async {
+        self.write(|| async {
             self.store
                 .put(&path, PutPayload::from(data.clone()))
                 .await
@@ -337,7 +345,7 @@ impl Storage {
     }
 
     async fn delete_path(&self, path: &ObjectPath, shown: &str) -> Result<(), Error> {
-        self.write(true, || async {
+        self.write(|| async {
             match self.store.delete(path).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                 Err(e) => Err(self.error(format!("delete {shown}"), e)),

@@ -27,6 +27,7 @@ const H0: [u32; 8] = [
 
 /// The running SHA-256 of a file fed part by part, which also gives each
 /// part's own SHA-256 when the part ends ([`FileAndParts::end_part`]).
+#[derive(Clone)]
 pub(super) struct FileAndParts {
     file: [u32; 8],
     /// The file's bytes compressed into `file`: whole blocks.
@@ -39,6 +40,7 @@ pub(super) struct FileAndParts {
 }
 
 /// The digest of the part being fed.
+#[derive(Clone)]
 enum Part {
     /// The part began on a block boundary of the file, so the two digests
     /// take the same blocks: its state, and the bytes compressed into it.

@@ -42,6 +42,14 @@ impl Meter {
         }
     }
 
+    /// Count `n` bytes fewer: they will be sent again (an upload started
+    /// over).
+    pub fn dec(&self, n: u64) {
+        if let Some(bar) = &self.0 {
+            bar.dec(n);
+        }
+    }
+
     /// Remove the bar.
     pub fn finish(&self) {
         if let Some(bar) = &self.0 {

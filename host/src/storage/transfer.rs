@@ -3,6 +3,7 @@
 //! and making local writes durable. (Reading them back: `download`.)
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -138,7 +139,7 @@ impl Storage {
             });
             let (bodies, shares): (Vec<_>, Vec<_>) = buffers.into_iter().map(Buffer::lend).unzip();
             let payload: PutPayload = bodies.into_iter().collect();
-            self.write(true, || {
+            self.write(|| {
                 let put = self.store.put(&location, payload.clone());
                 signing::known_payload(payload.clone(), sha256, async {
                     put.await
@@ -149,20 +150,34 @@ impl Storage {
             drop(shares);
             meter.inc(read);
         } else {
-            // The file is read as it is sent: the upload cannot be made
-            // again if the run's lease lapses under it.
-            let mut once = Some(&mut hasher);
-            self.write(false, || {
-                let hasher = once.take().expect("called once when not restartable");
-                self.upload_parts(relative, &location, &file, size, hasher, meter)
-            })
-            .await?;
+            // Parts are read at their offsets, so that the upload can be
+            // made again from the start, with the digest as it was, when
+            // the run's lease lapses under it (an outage longer than the
+            // lease's margin): the outage then costs time, not the run.
+            let start = hasher;
+            let counted = Counted {
+                meter,
+                bytes: AtomicU64::new(0),
+            };
+            hasher = self
+                .fenced_write(|| {
+                    let mut digest = start.clone();
+                    counted.take_back();
+                    let (counted, location, file) = (&counted, &location, &file);
+                    async move {
+                        self.upload_parts(relative, location, file, size, &mut digest, counted)
+                            .await?;
+                        Ok(digest)
+                    }
+                })
+                .await?;
         }
         Ok(hasher.finish())
     }
 
     /// A large file as a multipart upload: parts of [`PART_SIZE`], at most
-    /// [`MAX_PARTS_IN_FLIGHT`] sent at once. On failure the upload is
+    /// [`MAX_PARTS_IN_FLIGHT`] sent at once, each `counted` as it is read.
+    /// On failure the upload is
     /// aborted and the first error returned; the abort's own failure (the
     /// store may still be unreachable) is only logged, since it would hide
     /// what went wrong.
@@ -173,7 +188,7 @@ impl Storage {
         file: &Arc<std::fs::File>,
         size: u64,
         hasher: &mut FileDigest,
-        meter: &Meter,
+        counted: &Counted<'_>,
     ) -> Result<(), Error> {
         let parts = PutMultipartOptions::default().with_retry_policy(Arc::new(self.resend.parts()));
         let mut upload = self
@@ -186,7 +201,7 @@ impl Storage {
             })
             .await?;
         let sent = self
-            .send_parts(relative, upload.as_mut(), file, size, hasher, meter)
+            .send_parts(relative, upload.as_mut(), file, size, hasher, counted)
             .await;
         let result = match sent {
             // Not sent again: object_store's upload hands its parts over
@@ -217,7 +232,7 @@ impl Storage {
         file: &Arc<std::fs::File>,
         size: u64,
         hasher: &mut FileDigest,
-        meter: &Meter,
+        counted: &Counted<'_>,
     ) -> Result<(), Error> {
         let part_failed = |e: object_store::Error| self.error(format!("upload {relative}"), e);
         let mut in_flight: FuturesUnordered<UploadPart> = FuturesUnordered::new();
@@ -234,7 +249,7 @@ impl Storage {
                     None => break Buffer::take().await,
                 }
             };
-            let part = read_part(relative, file, buffer).await?;
+            let part = read_part(relative, file, read, buffer).await?;
             let len = part.as_ref().len() as u64;
             if len == 0 {
                 break;
@@ -246,7 +261,7 @@ impl Storage {
                     sent.map_err(part_failed)?;
                 }
             }
-            meter.inc(len);
+            counted.add(len);
             let (body, share) = part.lend();
             let payload = PutPayload::from(body);
             let put = upload.put_part(payload.clone());
@@ -267,6 +282,25 @@ impl Storage {
             sent.map_err(part_failed)?;
         }
         Ok(())
+    }
+}
+
+/// Counts the bytes of an upload into its meter, and keeps the count of
+/// this attempt's, to take them back if the upload is made again.
+struct Counted<'m> {
+    meter: &'m Meter,
+    bytes: AtomicU64,
+}
+
+impl Counted<'_> {
+    fn add(&self, n: u64) {
+        self.meter.inc(n);
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Uncount what was counted so far: the upload starts over.
+    fn take_back(&self) {
+        self.meter.dec(self.bytes.swap(0, Ordering::Relaxed));
     }
 }
 
@@ -315,14 +349,38 @@ async fn read_into(
     .await
 }
 
-/// The next part of `file` (a buffer's worth at most, empty at its end).
+/// The part of `file` from `offset` on (a buffer's worth at most, empty
+/// at its end), read at that offset: the file's own position is left
+/// alone, so a read still running for an upload that was dropped cannot
+/// move the next upload's.
 async fn read_part(
     relative: &str,
     file: &Arc<std::fs::File>,
-    buffer: Buffer,
+    offset: u64,
+    mut buffer: Buffer,
 ) -> Result<Buffer, Error> {
-    let (mut filled, _) = read_into(relative, file, vec![buffer], None).await?;
-    Ok(filled.pop().expect("the first buffer is always returned"))
+    let file = Arc::clone(file);
+    let shown = relative.to_owned();
+    blocking(relative, "read a checkpoint file", move || {
+        let bytes = buffer.bytes();
+        // A buffer holds exactly PART_SIZE bytes (`Buffer::bytes`), so its
+        // spare capacity is what is left of a part.
+        while bytes.len() < PART_SIZE {
+            let at = offset + bytes.len() as u64;
+            let n = rustix::io::pread(&*file, rustix::buffer::spare_capacity(bytes), at).map_err(
+                |e| Error::Io {
+                    path: shown.clone().into(),
+                    operation: "read a checkpoint file",
+                    source: e.into(),
+                },
+            )?;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(buffer)
+    })
+    .await
 }
 
 /// Run `work` on the blocking pool. A task that did not finish (it

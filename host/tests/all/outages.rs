@@ -72,6 +72,26 @@ fn outages_of_2_and_10_seconds_cost_time_not_the_run() {
 }
 
 #[test]
+fn an_outage_longer_than_the_leases_margin_makes_the_upload_again() {
+    // A lease of 4 s counts this host the run's owner for 2 s after each
+    // renewal, so an outage of 3 s in the middle of the big upload lapses
+    // ownership under it: the upload is dropped, and made again from the
+    // start once the lease is renewed after the outage.
+    let Some(moto) = servers::moto() else { return };
+    let direct = servers::s3(moto.port, moto.port, "outage-lapse");
+    let proxy = Proxy::start_with_outage(moto.port, BUDGET, Some(Duration::from_secs(3)));
+    let mut backend = servers::s3_existing(proxy.port, "outage-lapse");
+    let defaults = StorageOptions::default();
+    backend.options.max_retries = defaults.max_retries;
+    backend.options.retry_timeout = defaults.retry_timeout;
+    backend.options.lease_timeout = Duration::from_secs(4);
+    let result = fit(&backend);
+    assert_eq!(proxy.cuts(), 1, "the storage went away once");
+    assert!(result.error.is_none(), "{:?}", result.error);
+    assert_eq!(committed(&direct), [0, 1]);
+}
+
+#[test]
 fn an_outage_past_the_retry_timeout_fails_naming_the_upload_not_its_clean_up() {
     let Some(moto) = servers::moto() else { return };
     let direct = servers::s3(moto.port, moto.port, "outage-long");
