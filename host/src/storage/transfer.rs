@@ -2,8 +2,8 @@
 //! that the manifest records, in bounded memory whatever a file's size;
 //! and making local writes durable. (Reading them back: `download`.)
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -155,17 +155,14 @@ impl Storage {
             // the run's lease lapses under it (an outage longer than the
             // lease's margin): the outage then costs time, not the run.
             let start = hasher;
-            let counted = Counted {
-                meter,
-                bytes: AtomicU64::new(0),
-            };
+            let across = Multipart::new(meter);
             hasher = self
                 .fenced_write(|| {
                     let mut digest = start.clone();
-                    counted.take_back();
-                    let (counted, location, file) = (&counted, &location, &file);
+                    across.take_back();
+                    let (across, location, file) = (&across, &location, &file);
                     async move {
-                        self.upload_parts(relative, location, file, size, &mut digest, counted)
+                        self.upload_parts(relative, location, file, size, &mut digest, across)
                             .await?;
                         Ok(digest)
                     }
@@ -176,11 +173,10 @@ impl Storage {
     }
 
     /// A large file as a multipart upload: parts of [`PART_SIZE`], at most
-    /// [`MAX_PARTS_IN_FLIGHT`] sent at once, each `counted` as it is read.
-    /// On failure the upload is
-    /// aborted and the first error returned; the abort's own failure (the
-    /// store may still be unreachable) is only logged, since it would hide
-    /// what went wrong.
+    /// [`MAX_PARTS_IN_FLIGHT`] sent at once, each counted in `across` as it
+    /// is read. On failure the upload is aborted and the first error
+    /// returned; the abort's own failure (the store may still be
+    /// unreachable) is only logged, since it would hide what went wrong.
     async fn upload_parts(
         &self,
         relative: &str,
@@ -188,10 +184,21 @@ impl Storage {
         file: &Arc<std::fs::File>,
         size: u64,
         hasher: &mut FileDigest,
-        counted: &Counted<'_>,
+        across: &Multipart<'_>,
     ) -> Result<(), Error> {
+        if let Some(mut dropped) = across.take_open() {
+            // The run's lease lapsed under the upload before this one and
+            // was renewed since: this host still owns the run, and the
+            // dropped upload's parts would stay in the store.
+            if let Err(e) = dropped.abort().await {
+                tracing::warn!(
+                    store = %self.url,
+                    "cannot abort the multipart upload of {relative} dropped when the run's lease lapsed ({e}); the store's own clean-up of incomplete uploads will remove its parts"
+                );
+            }
+        }
         let parts = PutMultipartOptions::default().with_retry_policy(Arc::new(self.resend.parts()));
-        let mut upload = self
+        let upload = self
             .resend
             .run(|| async {
                 self.store
@@ -200,9 +207,9 @@ impl Storage {
                     .map_err(|e| self.error(format!("start multipart upload of {relative}"), e))
             })
             .await?;
-        let sent = self
-            .send_parts(relative, upload.as_mut(), file, size, hasher, counted)
-            .await;
+        across.open(upload);
+        let sent = self.send_parts(relative, across, file, size, hasher).await;
+        let mut upload = across.take_open().expect("opened above");
         let result = match sent {
             // Not sent again: object_store's upload hands its parts over
             // to the first completion, and a second would find none.
@@ -228,11 +235,10 @@ impl Storage {
     async fn send_parts(
         &self,
         relative: &str,
-        upload: &mut dyn MultipartUpload,
+        upload: &Multipart<'_>,
         file: &Arc<std::fs::File>,
         size: u64,
         hasher: &mut FileDigest,
-        counted: &Counted<'_>,
     ) -> Result<(), Error> {
         let part_failed = |e: object_store::Error| self.error(format!("upload {relative}"), e);
         let mut in_flight: FuturesUnordered<UploadPart> = FuturesUnordered::new();
@@ -261,7 +267,7 @@ impl Storage {
                     sent.map_err(part_failed)?;
                 }
             }
-            counted.add(len);
+            upload.count(len);
             let (body, share) = part.lend();
             let payload = PutPayload::from(body);
             let put = upload.put_part(payload.clone());
@@ -285,22 +291,56 @@ impl Storage {
     }
 }
 
-/// Counts the bytes of an upload into its meter, and keeps the count of
-/// this attempt's, to take them back if the upload is made again.
-struct Counted<'m> {
+/// What a multipart upload keeps across its attempts (one is made again
+/// from the start when the run's lease lapses under it): the bytes it
+/// counted into its meter, to take them back, and the upload in flight, to
+/// abort it if it is dropped.
+struct Multipart<'m> {
     meter: &'m Meter,
-    bytes: AtomicU64,
+    counted: AtomicU64,
+    open: Mutex<Option<Box<dyn MultipartUpload>>>,
 }
 
-impl Counted<'_> {
-    fn add(&self, n: u64) {
+impl<'m> Multipart<'m> {
+    fn new(meter: &'m Meter) -> Self {
+        Self {
+            meter,
+            counted: AtomicU64::new(0),
+            open: Mutex::new(None),
+        }
+    }
+
+    /// Count `n` more bytes read.
+    fn count(&self, n: u64) {
         self.meter.inc(n);
-        self.bytes.fetch_add(n, Ordering::Relaxed);
+        self.counted.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Uncount what was counted so far: the upload starts over.
     fn take_back(&self) {
-        self.meter.dec(self.bytes.swap(0, Ordering::Relaxed));
+        self.meter.dec(self.counted.swap(0, Ordering::Relaxed));
+    }
+
+    fn open(&self, upload: Box<dyn MultipartUpload>) {
+        *self.lock() = Some(upload);
+    }
+
+    /// The upload in flight, if any: the one opened last, or one that was
+    /// dropped before it completed.
+    fn take_open(&self) -> Option<Box<dyn MultipartUpload>> {
+        self.lock().take()
+    }
+
+    /// Send `payload` as the next part of the upload in flight.
+    fn put_part(&self, payload: PutPayload) -> UploadPart {
+        self.lock()
+            .as_mut()
+            .expect("parts are sent while the upload is open")
+            .put_part(payload)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Box<dyn MultipartUpload>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -68,6 +68,11 @@ fn outages_of_2_and_10_seconds_cost_time_not_the_run() {
         assert_eq!(proxy.cuts(), 1, "{outage} s: the storage went away once");
         assert!(result.error.is_none(), "{outage} s: {:?}", result.error);
         assert_eq!(committed(&direct), [0, 1], "{outage} s");
+        assert_eq!(
+            servers::incomplete_uploads(moto.port, bucket),
+            0,
+            "{outage} s: an upload the lease lapsed under was aborted"
+        );
     }
 }
 
@@ -89,6 +94,11 @@ fn an_outage_longer_than_the_leases_margin_makes_the_upload_again() {
     assert_eq!(proxy.cuts(), 1, "the storage went away once");
     assert!(result.error.is_none(), "{:?}", result.error);
     assert_eq!(committed(&direct), [0, 1]);
+    assert_eq!(
+        servers::incomplete_uploads(moto.port, "outage-lapse"),
+        0,
+        "the upload the lease lapsed under was aborted once the lease was renewed"
+    );
 }
 
 #[test]

@@ -150,15 +150,37 @@ pub fn azurite() -> Option<Server> {
 
 /// Send one HTTP/1.1 request and return the status code.
 fn http(port: u16, request: &str) -> u16 {
+    http_response(port, request).0
+}
+
+/// Send one HTTP/1.1 request and return the status code and the whole
+/// response.
+fn http_response(port: u16, request: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();
     let _ = s.read_to_string(&mut response);
-    response
+    let status = response
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad HTTP response: {response}"))
+        .unwrap_or_else(|| panic!("bad HTTP response: {response}"));
+    (status, response)
+}
+
+/// How many multipart uploads were started and neither completed nor
+/// aborted in `bucket` on the moto server `port` (their parts stay in the
+/// store).
+pub fn incomplete_uploads(port: u16, bucket: &str) -> usize {
+    let (status, response) = http_response(
+        port,
+        &format!("GET /{bucket}?uploads HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(
+        status, 200,
+        "listing the multipart uploads of {bucket}: {response}"
+    );
+    response.matches("<Upload>").count()
 }
 
 /// A storage location and the options that reach it.
