@@ -110,28 +110,37 @@ impl Lease {
                             ),
                         )
                     })?;
-                    let why = if file.released {
-                        None
-                    } else if file.holder.is_gone_from(&me.host) {
-                        Some("which is gone")
+                    if file.holder == me && !file.released {
+                        // This claim's own write, sent again by the store's
+                        // client after its answer was lost (a retried
+                        // conditional write finds its first attempt's
+                        // version changed): the run is already this
+                        // claim's, at the version found.
+                        (file.generation, Claim::Update(found.version), None)
                     } else {
-                        let now = run.server_time_ms(CLOCK).await?;
-                        let age_ms = now.saturating_sub(found.modified_ms).max(0) as u64;
-                        if age_ms < file.timeout_ms {
-                            return Err(in_use_at(
-                                run.url(),
-                                format!(
-                                    "{}; its lease was renewed {:.0} s ago and lapses {:.0} s after a renewal, so a host that died frees the run by then",
-                                    file.holder,
-                                    age_ms as f64 / 1000.0,
-                                    file.timeout_ms as f64 / 1000.0
-                                ),
-                            ));
-                        }
-                        Some("whose lease had expired")
-                    };
-                    let previous = why.map(|why| format!("{}, {why}", file.holder));
-                    (file.generation + 1, Claim::Update(found.version), previous)
+                        let why = if file.released {
+                            None
+                        } else if file.holder.is_gone_from(&me.host) {
+                            Some("which is gone")
+                        } else {
+                            let now = run.server_time_ms(CLOCK).await?;
+                            let age_ms = now.saturating_sub(found.modified_ms).max(0) as u64;
+                            if age_ms < file.timeout_ms {
+                                return Err(in_use_at(
+                                    run.url(),
+                                    format!(
+                                        "{}; its lease was renewed {:.0} s ago and lapses {:.0} s after a renewal, so a host that died frees the run by then",
+                                        file.holder,
+                                        age_ms as f64 / 1000.0,
+                                        file.timeout_ms as f64 / 1000.0
+                                    ),
+                                ));
+                            }
+                            Some("whose lease had expired")
+                        };
+                        let previous = why.map(|why| format!("{}, {why}", file.holder));
+                        (file.generation + 1, Claim::Update(found.version), previous)
+                    }
                 }
             };
             let file = LeaseFile {
@@ -144,7 +153,9 @@ impl Lease {
             let taking_over = matches!(claim, Claim::Update(_));
             let version = match run.put_if(OWNER, file.to_bytes(), claim).await {
                 Ok(Some(version)) => version,
-                // Another host claimed it between our read and write.
+                // Another host claimed it between our read and write, or
+                // this write landed and its answer was lost: the next read
+                // tells which.
                 Ok(None) => continue,
                 Err(e) if taking_over || unsupported(&e) => return Ok(Acquired::Unsupported(e)),
                 Err(e) => return Err(e),
@@ -373,6 +384,34 @@ mod tests {
         rt.block_on(first.release());
         let second = held(rt.block_on(Lease::acquire(&run, Holder::me(), &options(30))));
         assert_eq!(lock(&second.written).file.generation, 2);
+    }
+
+    #[test]
+    fn a_claim_whose_answer_was_lost_is_this_hosts_own_not_another_owner() {
+        let rt = rt();
+        let run = store();
+        let me = Holder::me();
+        // The claim landed, but its answer was lost and the request sent
+        // again found the owner file changed: the store holds this
+        // claim's own lease.
+        let landed = LeaseFile {
+            holder: me.clone(),
+            generation: 1,
+            timeout_ms: 30_000,
+            renewals: 1,
+            released: false,
+        };
+        rt.block_on(run.put_if(OWNER, landed.to_bytes(), Claim::Create))
+            .unwrap()
+            .unwrap();
+        let lease = held(rt.block_on(Lease::acquire(&run, me.clone(), &options(30))));
+        let written = lock(&lease.written).file.clone();
+        assert_eq!((written.holder, written.generation), (me, 1));
+        // Another claim still finds the run in use.
+        assert!(
+            rt.block_on(Lease::acquire(&run, elsewhere(), &options(30)))
+                .is_err()
+        );
     }
 
     #[test]
