@@ -53,25 +53,38 @@ fn committed(direct: &Backend) -> Vec<u64> {
     indexes
 }
 
+/// An outage of `outage` in the middle of the big upload to `bucket`, with
+/// the default retries as a user gets them and `options` changed as said:
+/// the run ends well, with both checkpoints committed and no upload left
+/// incomplete in the store (`what` names the case in messages).
+fn survives(outage: Duration, bucket: &str, options: impl Fn(&mut StorageOptions), what: &str) {
+    let Some(moto) = servers::moto() else { return };
+    let direct = servers::s3(moto.port, moto.port, bucket);
+    let proxy = Proxy::start_with_outage(moto.port, BUDGET, Some(outage));
+    let mut backend = servers::s3_existing(proxy.port, bucket);
+    let defaults = StorageOptions::default();
+    backend.options.max_retries = defaults.max_retries;
+    backend.options.retry_timeout = defaults.retry_timeout;
+    options(&mut backend.options);
+    let result = fit(&backend);
+    assert_eq!(proxy.cuts(), 1, "{what}: the storage went away once");
+    assert!(result.error.is_none(), "{what}: {:?}", result.error);
+    assert_eq!(committed(&direct), [0, 1], "{what}");
+    assert_eq!(
+        servers::incomplete_uploads(moto.port, bucket),
+        0,
+        "{what}: an upload the lease lapsed under was aborted once the lease was renewed"
+    );
+}
+
 #[test]
 fn outages_of_2_and_10_seconds_cost_time_not_the_run() {
-    let Some(moto) = servers::moto() else { return };
     for (outage, bucket) in [(2, "outage-2s"), (10, "outage-10s")] {
-        let direct = servers::s3(moto.port, moto.port, bucket);
-        let proxy = Proxy::start_with_outage(moto.port, BUDGET, Some(Duration::from_secs(outage)));
-        let mut backend = servers::s3_existing(proxy.port, bucket);
-        // The default retries, as a user gets them.
-        let defaults = StorageOptions::default();
-        backend.options.max_retries = defaults.max_retries;
-        backend.options.retry_timeout = defaults.retry_timeout;
-        let result = fit(&backend);
-        assert_eq!(proxy.cuts(), 1, "{outage} s: the storage went away once");
-        assert!(result.error.is_none(), "{outage} s: {:?}", result.error);
-        assert_eq!(committed(&direct), [0, 1], "{outage} s");
-        assert_eq!(
-            servers::incomplete_uploads(moto.port, bucket),
-            0,
-            "{outage} s: an upload the lease lapsed under was aborted"
+        survives(
+            Duration::from_secs(outage),
+            bucket,
+            |_| {},
+            &format!("{outage} s"),
         );
     }
 }
@@ -82,22 +95,11 @@ fn an_outage_longer_than_the_leases_margin_makes_the_upload_again() {
     // renewal, so an outage of 3 s in the middle of the big upload lapses
     // ownership under it: the upload is dropped, and made again from the
     // start once the lease is renewed after the outage.
-    let Some(moto) = servers::moto() else { return };
-    let direct = servers::s3(moto.port, moto.port, "outage-lapse");
-    let proxy = Proxy::start_with_outage(moto.port, BUDGET, Some(Duration::from_secs(3)));
-    let mut backend = servers::s3_existing(proxy.port, "outage-lapse");
-    let defaults = StorageOptions::default();
-    backend.options.max_retries = defaults.max_retries;
-    backend.options.retry_timeout = defaults.retry_timeout;
-    backend.options.lease_timeout = Duration::from_secs(4);
-    let result = fit(&backend);
-    assert_eq!(proxy.cuts(), 1, "the storage went away once");
-    assert!(result.error.is_none(), "{:?}", result.error);
-    assert_eq!(committed(&direct), [0, 1]);
-    assert_eq!(
-        servers::incomplete_uploads(moto.port, "outage-lapse"),
-        0,
-        "the upload the lease lapsed under was aborted once the lease was renewed"
+    survives(
+        Duration::from_secs(3),
+        "outage-lapse",
+        |o| o.lease_timeout = Duration::from_secs(4),
+        "a 3 s outage under a 4 s lease",
     );
 }
 
