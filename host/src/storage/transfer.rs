@@ -186,16 +186,12 @@ impl Storage {
         hasher: &mut FileDigest,
         across: &Multipart<'_>,
     ) -> Result<(), Error> {
-        if let Some(mut dropped) = across.take_open() {
+        if let Some(dropped) = across.take_open() {
             // The run's lease lapsed under the upload before this one and
             // was renewed since: this host still owns the run, and the
             // dropped upload's parts would stay in the store.
-            if let Err(e) = dropped.abort().await {
-                tracing::warn!(
-                    store = %self.url,
-                    "cannot abort the multipart upload of {relative} dropped when the run's lease lapsed ({e}); the store's own clean-up of incomplete uploads will remove its parts"
-                );
-            }
+            self.abort(dropped, relative, "dropped when the run's lease lapsed")
+                .await;
         }
         let parts = PutMultipartOptions::default().with_retry_policy(Arc::new(self.resend.parts()));
         let upload = self
@@ -220,15 +216,22 @@ impl Storage {
                 .map_err(|e| self.error(format!("finish upload of {relative}"), e)),
             Err(e) => Err(e),
         };
-        if result.is_err()
-            && let Err(e) = upload.abort().await
-        {
-            tracing::warn!(
-                store = %self.url,
-                "cannot abort the failed multipart upload of {relative} ({e}); the store's own clean-up of incomplete uploads will remove its parts"
-            );
+        if result.is_err() {
+            self.abort(upload, relative, "that failed").await;
         }
         result
+    }
+
+    /// Abort `upload` of `relative` (`what` it is, for the log). Its own
+    /// failure (the store may still be unreachable) is only logged: the
+    /// store's clean-up of incomplete uploads removes the parts then.
+    async fn abort(&self, mut upload: Box<dyn MultipartUpload>, relative: &str, what: &str) {
+        if let Err(e) = upload.abort().await {
+            tracing::warn!(
+                store = %self.url,
+                "cannot abort the multipart upload of {relative} {what} ({e}); the store's own clean-up of incomplete uploads will remove its parts"
+            );
+        }
     }
 
     /// Read `file` in parts and send each; returns once every part is in.
@@ -407,15 +410,16 @@ async fn read_part(
         // spare capacity is what is left of a part.
         while bytes.len() < PART_SIZE {
             let at = offset + bytes.len() as u64;
-            let n = rustix::io::pread(&*file, rustix::buffer::spare_capacity(bytes), at).map_err(
-                |e| Error::Io {
-                    path: shown.clone().into(),
-                    operation: "read a checkpoint file",
-                    source: e.into(),
-                },
-            )?;
-            if n == 0 {
-                break;
+            match rustix::io::pread(&*file, rustix::buffer::spare_capacity(bytes), at) {
+                Ok(0) => break,
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    return Err(Error::Io {
+                        path: shown.into(),
+                        operation: "read a checkpoint file",
+                        source: e.into(),
+                    });
+                }
             }
         }
         Ok(buffer)
