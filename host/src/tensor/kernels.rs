@@ -2,7 +2,8 @@
 //! and its optimizer step need, on rank-1 and rank-2 tensors. Each checks
 //! its arguments before it writes anything.
 
-use super::{Tensor, TensorError, same_shape};
+use super::check;
+use super::{AdamStep, Tensor, TensorError};
 
 /// Work between two asks of the stop callback in [`gemm()`], per thread:
 /// about ten milliseconds on one core (2 flops a multiply-add, ~100
@@ -46,25 +47,15 @@ pub fn gemm(
     threads: usize,
     stop: &dyn Fn() -> bool,
 ) -> Result<(), TensorError> {
-    let (ar, ac) = a.matrix("a")?;
-    let (br, bc) = b.matrix("b")?;
-    let (cr, cc) = c.matrix("c")?;
-    // op(a) is m × k, op(b) is k × n; the strides say how to walk them.
-    let (m, k, a_rs, a_cs) = if trans_a {
-        (ac, ar, 1, ac)
-    } else {
-        (ar, ac, ac, 1)
-    };
-    let (k2, n, b_rs, b_cs) = if trans_b {
-        (bc, br, 1, bc)
-    } else {
-        (br, bc, bc, 1)
-    };
-    if k != k2 || cr != m || cc != n {
-        return Err(TensorError::Shape(format!(
-            "gemm: op(a) is {m}×{k} and op(b) {k2}×{n}, so c must be {m}×{n} with equal inner sizes; c is {cr}×{cc}"
-        )));
-    }
+    let check::GemmDims {
+        m,
+        k,
+        n,
+        a_rs,
+        a_cs,
+        b_rs,
+        b_cs,
+    } = check::gemm_dims(c, a, trans_a, b, trans_b)?;
     let parallelism = match threads {
         0 | 1 => gemm::Parallelism::None,
         n => gemm::Parallelism::Rayon(n),
@@ -134,7 +125,7 @@ fn block(m: usize, k: usize, n: usize, threads: usize) -> (usize, usize) {
 
 /// `y = y + alpha * x`.
 pub fn axpy(y: &mut Tensor, alpha: f32, x: &Tensor) -> Result<(), TensorError> {
-    same_shape("y", y, "x", x)?;
+    check::axpy(y, x)?;
     for (y, x) in y.data.iter_mut().zip(&x.data) {
         *y += alpha * x;
     }
@@ -148,20 +139,8 @@ pub fn scale(x: &mut Tensor, alpha: f32) {
 
 /// `out`'s k-th row = row `rows[k]` of `source`.
 pub fn gather_rows(out: &mut Tensor, source: &Tensor, rows: &[u32]) -> Result<(), TensorError> {
-    let (n, cols) = source.matrix("source")?;
-    if out.shape != [rows.len(), cols] {
-        return Err(TensorError::Shape(format!(
-            "gather-rows: {} rows of a source with {cols} columns need out of shape [{}, {cols}], not {:?}",
-            rows.len(),
-            rows.len(),
-            out.shape
-        )));
-    }
-    if let Some((k, r)) = rows.iter().enumerate().find(|(_, r)| **r as usize >= n) {
-        return Err(TensorError::Invalid(format!(
-            "gather-rows: rows[{k}] is {r}, and the source has {n} rows"
-        )));
-    }
+    check::gather_rows(out, source, rows)?;
+    let cols = source.shape[1];
     for (dst, &r) in out.data.chunks_exact_mut(cols.max(1)).zip(rows) {
         let at = r as usize * cols;
         dst.copy_from_slice(&source.data[at..at + cols]);
@@ -171,13 +150,8 @@ pub fn gather_rows(out: &mut Tensor, source: &Tensor, rows: &[u32]) -> Result<()
 
 /// Add `row` to every row of `x`.
 pub fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
-    let (_, cols) = x.matrix("x")?;
-    if row.shape != [cols] {
-        return Err(TensorError::Shape(format!(
-            "add-row: x has {cols} columns, so row must be of shape [{cols}], not {:?}",
-            row.shape
-        )));
-    }
+    check::add_row(x, row)?;
+    let cols = row.shape[0];
     for x_row in x.data.chunks_exact_mut(cols.max(1)) {
         for (v, r) in x_row.iter_mut().zip(&row.data) {
             *v += r;
@@ -188,13 +162,8 @@ pub fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
 
 /// `out = beta * out + the sum of x's rows`.
 pub fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), TensorError> {
-    let (_, cols) = x.matrix("x")?;
-    if out.shape != [cols] {
-        return Err(TensorError::Shape(format!(
-            "sum-rows: x has {cols} columns, so out must be of shape [{cols}], not {:?}",
-            out.shape
-        )));
-    }
+    check::sum_rows(out, x)?;
+    let cols = out.shape[0];
     scale(out, beta);
     for x_row in x.data.chunks_exact(cols.max(1)) {
         for (o, v) in out.data.iter_mut().zip(x_row) {
@@ -227,7 +196,7 @@ pub fn activate_backward(
     output: &Tensor,
     f: Activation,
 ) -> Result<(), TensorError> {
-    same_shape("grad", grad, "output", output)?;
+    check::activate_backward(grad, output)?;
     // One loop per function, as in `activate`.
     fn each(grad: &mut [f32], output: &[f32], derivative: impl Fn(f32) -> f32) {
         for (g, y) in grad.iter_mut().zip(output) {
@@ -253,23 +222,8 @@ pub fn softmax_cross_entropy(
     grad: &mut Tensor,
     grad_scale: f32,
 ) -> Result<(f64, u32), TensorError> {
-    let (rows, classes) = logits.matrix("logits")?;
-    same_shape("grad", grad, "logits", logits)?;
-    if labels.len() != rows {
-        return Err(TensorError::Shape(format!(
-            "softmax-cross-entropy: {} labels for {rows} rows of logits",
-            labels.len()
-        )));
-    }
-    if let Some((row, label)) = labels
-        .iter()
-        .enumerate()
-        .find(|(_, l)| **l as usize >= classes)
-    {
-        return Err(TensorError::Invalid(format!(
-            "softmax-cross-entropy: the label of row {row} is {label}, not below the {classes} classes"
-        )));
-    }
+    check::softmax_cross_entropy(logits, labels, grad)?;
+    let classes = logits.shape[1];
     let (mut loss, mut correct) = (0.0f64, 0u32);
     for ((z, g), &label) in logits
         .data
@@ -310,8 +264,7 @@ pub fn sgd_momentum(
     lr: f32,
     momentum: f32,
 ) -> Result<(), TensorError> {
-    same_shape("param", param, "velocity", velocity)?;
-    same_shape("param", param, "grad", grad)?;
+    check::sgd_momentum(param, velocity, grad)?;
     for ((p, v), g) in param
         .data
         .iter_mut()
@@ -326,16 +279,6 @@ pub fn sgd_momentum(
     Ok(())
 }
 
-/// Adam's hyperparameters for one step; `step` counts from 1.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamStep {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub epsilon: f32,
-    pub step: u32,
-}
-
 /// Adam: `m = beta1 * m + (1 - beta1) * grad`, `v = beta2 * v + (1 -
 /// beta2) * grad^2`, `param -= lr * m' / (sqrt(v') + epsilon)` with the
 /// bias-corrected moments `m' = m / (1 - beta1^step)`, `v' = v / (1 -
@@ -348,18 +291,7 @@ pub fn adam(
     grad: &Tensor,
     h: AdamStep,
 ) -> Result<(), TensorError> {
-    same_shape("param", param, "m", m)?;
-    same_shape("param", param, "v", v)?;
-    same_shape("param", param, "grad", grad)?;
-    let unit = |b: f32| (0.0..1.0).contains(&b);
-    let usable =
-        h.step > 0 && unit(h.beta1) && unit(h.beta2) && h.epsilon.is_finite() && h.epsilon > 0.0;
-    if !usable {
-        return Err(TensorError::Invalid(format!(
-            "adam: step counts from 1 and needs 0 <= beta1, beta2 < 1 and epsilon > 0, not step {}, beta1 {}, beta2 {}, epsilon {}",
-            h.step, h.beta1, h.beta2, h.epsilon
-        )));
-    }
+    check::adam(param, m, v, grad, h)?;
     // The corrections in f64: beta^step for large steps underflows f32's
     // precision long before it reaches 0.
     let step = i32::try_from(h.step).unwrap_or(i32::MAX);

@@ -11,7 +11,7 @@
 //! checked before anything is written.
 
 use super::kernels::{Activation, activate, activate_backward, add_row, gemm, sum_rows};
-use super::{Tensor, TensorError, same_shape};
+use super::{Tensor, TensorError, check};
 
 /// `out = f(x * w + bias)`, without the bias or the function when they
 /// are `None`: `gemm`, `add_row` and `activate`.
@@ -24,12 +24,7 @@ pub fn dense(
     threads: usize,
     stop: &dyn Fn() -> bool,
 ) -> Result<(), TensorError> {
-    let (rows, inputs) = x.matrix("x")?;
-    let outputs = layer_width("dense", w, inputs)?;
-    expect_shape("dense", "out", out, &[rows, outputs])?;
-    if let Some(b) = bias {
-        expect_shape("dense", "bias", b, &[outputs])?;
-    }
+    check::dense(out, x, w, bias)?;
     gemm(out, 1.0, x, false, w, false, 0.0, threads, stop)?;
     if let Some(b) = bias {
         add_row(out, b)?;
@@ -66,16 +61,8 @@ pub fn dense_backward(
     threads: usize,
     stop: &dyn Fn() -> bool,
 ) -> Result<(), TensorError> {
-    let (rows, inputs) = x.matrix("x")?;
-    let outputs = layer_width("dense-backward", w, inputs)?;
-    expect_shape("dense-backward", "grad", grad, &[rows, outputs])?;
-    expect_shape("dense-backward", "grad-w", grads.w, &[inputs, outputs])?;
-    if let Some(gb) = &grads.bias {
-        expect_shape("dense-backward", "grad-bias", gb, &[outputs])?;
-    }
-    if let Some((gx, _)) = &grads.x {
-        same_shape("grad-x", gx, "x", x)?;
-    }
+    let grad_x = grads.x.as_ref().map(|(gx, _)| &**gx);
+    check::dense_backward(grad, x, w, grads.w, grads.bias.as_deref(), grad_x)?;
     gemm(grads.w, 1.0, x, true, grad, false, beta, threads, stop)?;
     if let Some(gb) = grads.bias {
         sum_rows(gb, grad, beta)?;
@@ -100,48 +87,11 @@ pub fn sgd_momentum_list(
     lr: f32,
     momentum: f32,
 ) -> Result<(), TensorError> {
-    if params.len() != velocity.len() || params.len() != grads.len() {
-        return Err(TensorError::Shape(format!(
-            "sgd-momentum-list: {} params, {} velocities and {} gradients; the lists must be as long",
-            params.len(),
-            velocity.len(),
-            grads.len()
-        )));
-    }
-    for (i, ((p, v), g)) in params.iter().zip(velocity.iter()).zip(grads).enumerate() {
-        // The names are formatted only for a refusal: this runs every step.
-        if p.shape != v.shape || p.shape != g.shape {
-            let at = |what: &str| format!("{what}[{i}]");
-            same_shape(&at("params"), p, &at("velocity"), v)?;
-            same_shape(&at("params"), p, &at("grads"), g)?;
-        }
-    }
+    check::sgd_momentum_list(params, velocity, grads)?;
     for ((p, v), g) in params.iter_mut().zip(velocity.iter_mut()).zip(grads) {
         super::kernels::sgd_momentum(p, v, g, grad_scale, lr, momentum)?;
     }
     Ok(())
-}
-
-/// The number of outputs of a layer whose weights are `w`, which must be
-/// `[inputs, outputs]`.
-fn layer_width(kernel: &str, w: &Tensor, inputs: usize) -> Result<usize, TensorError> {
-    match w.matrix("w")? {
-        (rows, outputs) if rows == inputs => Ok(outputs),
-        (rows, _) => Err(TensorError::Shape(format!(
-            "{kernel}: x has {inputs} columns, so w must have {inputs} rows, not {rows}"
-        ))),
-    }
-}
-
-fn expect_shape(kernel: &str, what: &str, t: &Tensor, shape: &[usize]) -> Result<(), TensorError> {
-    if t.shape == shape {
-        Ok(())
-    } else {
-        Err(TensorError::Shape(format!(
-            "{kernel}: {what} must be of shape {shape:?}, not {:?}",
-            t.shape
-        )))
-    }
 }
 
 #[cfg(test)]

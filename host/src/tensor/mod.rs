@@ -8,14 +8,15 @@
 //! ones ([`gemm()`]) ask a `stop` callback between blocks of work, so that a
 //! rank whose run is stopping is not held up by its maths.
 
+pub mod check;
 pub(crate) mod file;
 mod kernels;
 mod layers;
 mod random;
 
 pub use kernels::{
-    Activation, AdamStep, activate, activate_backward, adam, add_row, axpy, gather_rows, gemm,
-    scale, sgd_momentum, softmax_cross_entropy, sum_rows,
+    Activation, activate, activate_backward, adam, add_row, axpy, gather_rows, gemm, scale,
+    sgd_momentum, softmax_cross_entropy, sum_rows,
 };
 pub use layers::{DenseGrads, dense, dense_backward, sgd_momentum_list};
 
@@ -41,6 +42,16 @@ pub enum TensorError {
     /// is incomplete.
     #[error("stopped")]
     Stopped,
+}
+
+/// Adam's hyperparameters for one step; `step` counts from 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub epsilon: f32,
+    pub step: u32,
 }
 
 /// The largest number of dimensions: rank-1 and rank-2 tensors cover the
