@@ -224,7 +224,11 @@ impl Shared {
                 let node = (*root / span.layout.per_node) as usize;
                 match all.get(node).and_then(|n| n.parts.first()) {
                     Some(data) => {
-                        match collective::too_large(described, data.len() as u64, max_memory) {
+                        match collective::too_large(
+                            || described.clone(),
+                            data.len() as u64,
+                            max_memory,
+                        ) {
                             Some(message) => settled(Settled::Invalid(message)),
                             None => Settlement {
                                 outcome: Settled::Exchanged,
@@ -241,7 +245,7 @@ impl Shared {
             Call::AllGather { .. } => {
                 let pieces: Vec<Vec<u8>> = all.iter().flat_map(|n| n.parts.clone()).collect();
                 let bytes = pieces.iter().map(|p| p.len() as u64 + 8).sum();
-                match collective::too_large(described, bytes, max_memory) {
+                match collective::too_large(|| described.clone(), bytes, max_memory) {
                     Some(message) => settled(Settled::Invalid(message)),
                     None => Settlement {
                         outcome: Settled::Exchanged,
@@ -257,7 +261,9 @@ impl Shared {
                     ));
                 }
                 let bytes = elements as u64 * values.element_size();
-                if let Some(message) = collective::too_large(described, bytes, max_memory) {
+                if let Some(message) =
+                    collective::too_large(|| described.clone(), bytes, max_memory)
+                {
                     return settled(Settled::Invalid(message));
                 }
                 if collective::sums_over_nodes(*op, elements) {
