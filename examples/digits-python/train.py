@@ -10,9 +10,10 @@ the gradient sums are all-reduced in one round and divided by the batch
 size, so every rank takes the same step whatever the number of ranks. The
 images go to the host once, as one tensor, and each minibatch is gathered
 there (``gather_rows``); a layer's forward and backward pass and the
-optimizer step are one call each (``dense``, ``dense_backward``,
-``sgd_momentum_list``). The maths and the data's bytes stay in the host at
-native speed, and Python only orchestrates, in eight calls a step.
+optimizer step are one kernel each (``dense``, ``dense_backward``,
+``sgd_momentum_list``), and the step's kernels are recorded once as a
+``Program`` and run with one call a step. The maths and the data's bytes
+stay in the host at native speed, and Python only orchestrates.
 
 Data split, initial weights, data order, kernels and files are those of the
 Rust example, so the two reach the same parameters bit for bit, and each can
@@ -34,7 +35,7 @@ import sys
 import time
 
 import trainhost
-from trainhost import Tensor
+from trainhost import Program, Tensor
 
 PIXELS = 64
 CLASSES = 10
@@ -130,14 +131,16 @@ def initial(hidden, seed):
 
 class Model:
     """Parameters, momentum and gradients in host tensors, and the
-    activations of the last batch size."""
+    programs of the steps taken so far."""
 
     def __init__(self, hidden, params, velocity):
         self.hidden = hidden
         self.params = [params[n] for n in NAMES]
         self.velocity = [velocity[n] for n in NAMES]
         self.grads = [Tensor.zeros(p.shape) for p in self.params]
-        self.rows = None
+        # (rows, batch, lr, momentum) -> the program of such a step and the
+        # activations it writes: a full batch, the last one, validation.
+        self.steps = {}
 
     @staticmethod
     def load(directory, hidden):
@@ -157,44 +160,56 @@ class Model:
         Tensor.save(os.path.join(directory, "model.safetensors"), dict(zip(NAMES, self.params)))
         Tensor.save(os.path.join(directory, "optimizer.safetensors"), dict(zip(NAMES, self.velocity)))
 
-    def pass_(self, images, indexes, train):
-        """Forward over ``indexes``; with ``train`` the summed loss's
-        gradients too. Returns the loss and the correct predictions."""
-        rows = len(indexes)
-        if rows != self.rows:
-            self.rows = rows
-            self.x = Tensor.zeros([rows, PIXELS])
-            self.h = Tensor.zeros([rows, self.hidden])
-            self.z = Tensor.zeros([rows, CLASSES])
-            self.dz = Tensor.zeros([rows, CLASSES])
-            self.dh = Tensor.zeros([rows, self.hidden])
+    def record(self, images, rows, batch, lr, momentum):
+        """The program of a step over ``rows`` images: gathered, one call a
+        layer each way, the loss; for training (``batch`` not None) the
+        gradients, their all-reduce and the SGD step too."""
+        x = Tensor.zeros([rows, PIXELS])
+        h = Tensor.zeros([rows, self.hidden])
+        z = Tensor.zeros([rows, CLASSES])
+        dz = Tensor.zeros([rows, CLASSES])
+        dh = Tensor.zeros([rows, self.hidden])
         w1, b1, w2, b2 = self.params
-        # One call a layer each way, one for the loss: a call into the
-        # host costs more than a small layer's maths.
-        self.x.gather_rows(images, indexes)
-        self.h.dense(self.x, w1, b1, "relu")
-        self.z.dense(self.h, w2, b2)
-        loss, correct = self.z.softmax_cross_entropy([LABELS[i] for i in indexes], self.dz)
-        if train:
+        p = Program()
+        p.gather_rows(x, images)
+        p.dense(h, x, w1, b1, "relu")
+        p.dense(z, h, w2, b2)
+        p.softmax_cross_entropy(z, LABELS, dz)
+        if batch is not None:
             gw1, gb1, gw2, gb2 = self.grads
-            Tensor.dense_backward(self.dz, self.h, w2, gw2, gb2, grad_x=self.dh, x_f="relu")
-            Tensor.dense_backward(self.dh, self.x, w1, gw1, gb1)
+            p.dense_backward(dz, h, w2, gw2, gb2, grad_x=dh, x_f="relu")
+            p.dense_backward(dh, x, w1, gw1, gb1)
+            p.all_reduce_list(self.grads, "sum")
+            p.sgd_momentum_list(self.params, self.velocity, self.grads, lr, momentum,
+                                grad_scale=1.0 / batch)
+        return p, (x, h, z, dz, dh)
+
+    def run(self, images, indexes, batch=None, lr=0.0, momentum=0.0):
+        """Run the program of this kind of step (recorded at its first);
+        returns the loss and the correct predictions over ``indexes``."""
+        key = (len(indexes), batch, lr, momentum)
+        found = self.steps.get(key)
+        if found is None:
+            found = self.steps[key] = self.record(images, len(indexes), batch, lr, momentum)
+        [(loss, correct)] = found[0].run(indexes)
         return loss, correct
+
+    def evaluate(self, images, indexes):
+        """The loss and the correct predictions over ``indexes``."""
+        return self.run(images, indexes)
 
     def step(self, images, batch, rank, world, lr, momentum):
         """This rank's share of ``batch``, the gradients summed over the
         ranks in one all-reduce, and one SGD step along their mean."""
         share = batch[rank::world]
         if share:
-            loss, correct = self.pass_(images, share, True)
-        else:
-            for g in self.grads:
-                g.scale(0.0)
-            loss, correct = 0.0, 0
+            return self.run(images, share, len(batch), lr, momentum)
+        for g in self.grads:
+            g.scale(0.0)
         Tensor.all_reduce_list(self.grads, "sum")
         Tensor.sgd_momentum_list(self.params, self.velocity, self.grads, lr, momentum,
                                  grad_scale=1.0 / len(batch))
-        return loss, correct
+        return 0.0, 0
 
     def digest(self):
         """The parameters' bits, to check that every rank holds the same."""
@@ -272,7 +287,7 @@ def train():
             loss += l
             correct += c
         seconds = time.perf_counter() - started
-        val_loss, val_correct = model.pass_(images, validation[rank::world], False)
+        val_loss, val_correct = model.evaluate(images, validation[rank::world])
         totals = trainhost.all_reduce([loss, correct, val_loss, val_correct], "sum", "f64")
         train_loss, train_correct, val_loss, val_correct = totals
         digests = trainhost.all_gather(model.digest())

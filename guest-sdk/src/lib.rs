@@ -66,13 +66,15 @@
 //! (barrier, broadcast, all-reduce, all-gather): data-parallel training
 //! all-reduces its gradients before every step. The heavy maths of a step
 //! can run in the host, at native speed and still interruptible, on the
-//! host tensors of [`tensor`].
+//! host tensors of [`tensor`], and a whole step with one call into the
+//! host as a recorded [`program`].
 //!
 //! [trainhost]: https://github.com/trainhost/trainhost
 #![deny(missing_docs)]
 
 pub mod collective;
 mod metrics;
+pub mod program;
 pub mod tensor;
 
 #[doc(hidden)]

@@ -3,7 +3,8 @@
 //! `tensors`, since `trainhost:train@0.1.3`; Adam, [`all_reduce`] of
 //! several tensors, [`Tensor::broadcast`], [`save`] and [`load`] since
 //! 0.1.4; [`Tensor::gather_rows`] since 0.1.5; the fused
-//! [`Tensor::dense`], [`dense_backward`] and [`sgd_momentum`] since 0.1.6).
+//! [`Tensor::dense`], [`dense_backward`] and [`sgd_momentum`] since 0.1.6;
+//! recorded programs, [`crate::program`], since 0.1.7).
 //!
 //! A [`Tensor`] is f32, row-major, of rank 1 (`[n]`) or 2
 //! (`[rows, cols]`). Its values stay in the host: build it from a slice
@@ -39,7 +40,8 @@
 //! a step goes fastest on the fused calls: [`Tensor::dense`] for a layer's
 //! forward pass, [`dense_backward`] for its backward pass and
 //! [`sgd_momentum`] for the whole optimizer step, each with the values the
-//! separate kernels give.
+//! separate kernels give; and a whole step goes fastest as a
+//! [`crate::program::Program`], recorded once and run with one call.
 
 use std::fmt;
 use std::path::Path;
@@ -102,7 +104,7 @@ impl From<wit::TensorError> for TensorError {
 
 /// An f32 tensor in the host, of rank 1 or 2, row-major.
 #[derive(Debug)]
-pub struct Tensor(wit::Tensor);
+pub struct Tensor(pub(crate) wit::Tensor);
 
 impl Tensor {
     /// A tensor of `shape` holding `data` (row-major).

@@ -17,7 +17,7 @@ import os
 import time
 
 import trainhost
-from trainhost import Tensor
+from trainhost import Program, Tensor
 
 
 def attempt(what, action):
@@ -46,6 +46,10 @@ def misuse():
     params, velocity = [Tensor.zeros([2])], [Tensor.zeros([2]), Tensor.zeros([2])]
     attempt("sgd over lists of different lengths",
             lambda: Tensor.sgd_momentum_list(params, velocity, [Tensor.zeros([2])], 0.1, 0.9))
+    program = Program()
+    attempt("program of mismatched shapes", lambda: program.dense(out, a, b))
+    program.gather_rows(a, Tensor.zeros([4, 3]))
+    attempt("program run of too few rows", lambda: program.run([0]))
 
 
 def escape():

@@ -4,27 +4,33 @@
 //! kept there: the gradients are all-reduced and the checkpoints written
 //! and read by the host. The images are copied into the host once
 //! ([`HostSet`]) and each minibatch gathered there; the guest owns the loop
-//! and the order of the data.
+//! and the order of the data. A step's kernel calls are recorded once as a
+//! [`Program`] and run with one call into the host a step: the example's
+//! small step is mostly the cost of crossing into the host, not maths.
 
 use std::error::Error;
 use std::path::Path;
 
-use trainhost_guest::collective::{CollectiveError, Op};
-use trainhost_guest::tensor::{self, Activation, DenseGrads, Tensor, TensorError};
+use trainhost_guest::collective::Op;
+use trainhost_guest::program::{LayerGrads, Program};
+use trainhost_guest::tensor::{self, Activation, Tensor, TensorError};
 
 use crate::data::{CLASSES, PIXELS, Set};
 use crate::model::{Layout, Tally};
 
-/// A set's images as one host tensor (`[images, 64]`), and its labels.
+/// A set's images as one host tensor (`[images, 64]`), and its labels;
+/// `name` tells the programs recorded on one set from another's.
 pub struct HostSet {
+    name: &'static str,
     images: Tensor,
     labels: Vec<u32>,
 }
 
 impl HostSet {
-    pub fn new(set: &Set) -> Result<Self, TensorError> {
+    pub fn new(name: &'static str, set: &Set) -> Result<Self, TensorError> {
         let pixels: Vec<f32> = set.images.iter().flatten().copied().collect();
         Ok(Self {
+            name,
             images: Tensor::from_slice(&[set.len() as u32, PIXELS as u32], &pixels)?,
             labels: set.labels.iter().map(|&l| u32::from(l)).collect(),
         })
@@ -32,19 +38,36 @@ impl HostSet {
 }
 
 /// Parameters, momentum and gradients, in the layout's order (w1, b1, w2,
-/// b2), and the activations of the last batch.
+/// b2), and the steps recorded so far.
 pub struct HostModel {
     hidden: u32,
     names: [&'static str; 4],
     params: Vec<Tensor>,
     velocity: Vec<Tensor>,
     grads: Vec<Tensor>,
-    /// The activations of a batch, kept while batches keep their size.
-    batch: Option<Activations>,
+    /// A program for each kind of step taken: a training step of a full
+    /// batch and of the last, shorter one, and the validation pass.
+    steps: Vec<Recorded>,
+}
+
+/// What a recorded step does: the set it gathers from, its rows, and
+/// for a training step the global batch and the SGD hyperparameters.
+#[derive(Clone, Copy, PartialEq)]
+struct StepKind {
+    set: &'static str,
+    rows: usize,
+    train: Option<(usize, u32, u32)>,
+}
+
+/// A recorded step and the activations its program writes.
+struct Recorded {
+    kind: StepKind,
+    program: Program,
+    /// Named by the program: kept as long as it is.
+    _activations: Activations,
 }
 
 struct Activations {
-    rows: usize,
     x: Tensor,
     h: Tensor,
     z: Tensor,
@@ -86,7 +109,7 @@ impl HostModel {
             params,
             velocity,
             grads,
-            batch: None,
+            steps: Vec::new(),
         })
     }
 
@@ -128,79 +151,120 @@ impl HostModel {
         tensor::save(dir.join("optimizer.safetensors"), &velocity)
     }
 
-    /// Forward over `indexes` of `set`; with `train`, the summed loss's
-    /// gradients too, into the gradient tensors.
-    pub fn pass(
+    /// Forward over `indexes` of `set`: the loss and correct predictions.
+    pub fn evaluate(&mut self, set: &HostSet, indexes: &[u32]) -> Result<Tally, Box<dyn Error>> {
+        let kind = StepKind {
+            set: set.name,
+            rows: indexes.len(),
+            train: None,
+        };
+        self.run(set, kind, indexes)
+    }
+
+    /// This rank's share (`indexes`) of a global batch of `batch` images:
+    /// forward and backward over it, the gradients summed over the ranks
+    /// in one all-reduce, and one SGD step with momentum along their mean.
+    pub fn train_step(
         &mut self,
         set: &HostSet,
         indexes: &[u32],
-        train: bool,
-    ) -> Result<Tally, TensorError> {
-        let rows = indexes.len();
-        if self.batch.as_ref().is_none_or(|b| b.rows != rows) {
-            let r = rows as u32;
-            self.batch = Some(Activations {
-                rows,
-                x: Tensor::zeros(&[r, PIXELS as u32])?,
-                h: Tensor::zeros(&[r, self.hidden])?,
-                z: Tensor::zeros(&[r, CLASSES as u32])?,
-                dz: Tensor::zeros(&[r, CLASSES as u32])?,
-                dh: Tensor::zeros(&[r, self.hidden])?,
-            });
+        batch: usize,
+        lr: f32,
+        momentum: f32,
+    ) -> Result<Tally, Box<dyn Error>> {
+        let scale = 1.0 / batch as f32;
+        if indexes.is_empty() {
+            // A rank with no share of a batch adds nothing to its sum.
+            self.grads.iter_mut().for_each(|g| g.scale(0.0));
+            let mut grads: Vec<&mut Tensor> = self.grads.iter_mut().collect();
+            tensor::all_reduce(&mut grads, Op::Sum)?;
+            let mut params: Vec<&mut Tensor> = self.params.iter_mut().collect();
+            let mut velocity: Vec<&mut Tensor> = self.velocity.iter_mut().collect();
+            let grads: Vec<&Tensor> = self.grads.iter().collect();
+            tensor::sgd_momentum(&mut params, &mut velocity, &grads, scale, lr, momentum)?;
+            return Ok(Tally::default());
         }
-        let b = self.batch.as_mut().expect("made above");
-        let labels: Vec<u32> = indexes.iter().map(|&i| set.labels[i as usize]).collect();
-        let [w1, b1, w2, b2] = &self.params[..] else {
-            unreachable!("four tensors")
+        let kind = StepKind {
+            set: set.name,
+            rows: indexes.len(),
+            train: Some((batch, lr.to_bits(), momentum.to_bits())),
         };
-        // One call a layer each way, one for the loss: a call into the host
-        // costs more than a small layer's maths.
-        let relu = Some(Activation::Relu);
-        b.x.gather_rows(&set.images, indexes)?;
-        b.h.dense(&b.x, w1, Some(b1), relu)?;
-        b.z.dense(&b.h, w2, Some(b2), None)?;
-        let (loss, correct) = b.z.softmax_cross_entropy(&labels, &mut b.dz, 1.0)?;
-        if train {
-            let [gw1, gb1, gw2, gb2] = &mut self.grads[..] else {
-                unreachable!("four tensors")
-            };
-            let grads = DenseGrads {
-                w: gw2,
-                bias: Some(gb2),
-                x: Some((&mut b.dh, relu)),
-            };
-            tensor::dense_backward(&b.dz, &b.h, w2, 0.0, grads)?;
-            let grads = DenseGrads {
-                w: gw1,
-                bias: Some(gb1),
-                x: None,
-            };
-            tensor::dense_backward(&b.dh, &b.x, w1, 0.0, grads)?;
-        }
+        self.run(set, kind, indexes)
+    }
+
+    /// Run the program of `kind` on `indexes`, recorded first if this is
+    /// the first step of its kind.
+    fn run(
+        &mut self,
+        set: &HostSet,
+        kind: StepKind,
+        indexes: &[u32],
+    ) -> Result<Tally, Box<dyn Error>> {
+        let at = match self.steps.iter().position(|s| s.kind == kind) {
+            Some(at) => at,
+            None => {
+                let recorded = self.record(set, kind)?;
+                self.steps.push(recorded);
+                self.steps.len() - 1
+            }
+        };
+        let losses = self.steps[at].program.run(indexes)?;
+        let (loss, correct) = losses[0];
         Ok(Tally {
             loss,
             correct: u64::from(correct),
         })
     }
 
-    /// Zero gradients: a rank with no share of a batch adds nothing.
-    pub fn zero_gradients(&mut self) {
-        self.grads.iter_mut().for_each(|g| g.scale(0.0));
-    }
-
-    /// Sum every rank's gradients, in the host, in one all-reduce.
-    pub fn all_reduce_gradients(&mut self) -> Result<(), CollectiveError> {
-        let mut grads: Vec<&mut Tensor> = self.grads.iter_mut().collect();
-        tensor::all_reduce(&mut grads, Op::Sum)
-    }
-
-    /// Take an SGD step with momentum along the gradients times `scale`,
-    /// for every tensor in one call.
-    pub fn step(&mut self, scale: f32, lr: f32, momentum: f32) -> Result<(), TensorError> {
-        let mut params: Vec<&mut Tensor> = self.params.iter_mut().collect();
-        let mut velocity: Vec<&mut Tensor> = self.velocity.iter_mut().collect();
-        let grads: Vec<&Tensor> = self.grads.iter().collect();
-        tensor::sgd_momentum(&mut params, &mut velocity, &grads, scale, lr, momentum)
+    /// Record a step of `kind`: the batch gathered, one call a layer each
+    /// way (as when the kernels are called one by one, the fused ones), the
+    /// loss, and for training the all-reduce and the SGD step.
+    fn record(&self, set: &HostSet, kind: StepKind) -> Result<Recorded, TensorError> {
+        let r = kind.rows as u32;
+        let a = Activations {
+            x: Tensor::zeros(&[r, PIXELS as u32])?,
+            h: Tensor::zeros(&[r, self.hidden])?,
+            z: Tensor::zeros(&[r, CLASSES as u32])?,
+            dz: Tensor::zeros(&[r, CLASSES as u32])?,
+            dh: Tensor::zeros(&[r, self.hidden])?,
+        };
+        let [w1, b1, w2, b2] = &self.params[..] else {
+            unreachable!("four tensors")
+        };
+        let relu = Some(Activation::Relu);
+        let mut p = Program::new();
+        p.gather_rows(&a.x, &set.images)?;
+        p.dense(&a.h, &a.x, w1, Some(b1), relu)?;
+        p.dense(&a.z, &a.h, w2, Some(b2), None)?;
+        p.softmax_cross_entropy(&a.z, &set.labels, &a.dz, 1.0)?;
+        if let Some((batch, lr, momentum)) = kind.train {
+            let [gw1, gb1, gw2, gb2] = &self.grads[..] else {
+                unreachable!("four tensors")
+            };
+            let grads = LayerGrads {
+                w: gw2,
+                bias: Some(gb2),
+                x: Some((&a.dh, relu)),
+            };
+            p.dense_backward(&a.dz, &a.h, w2, 0.0, grads)?;
+            let grads = LayerGrads {
+                w: gw1,
+                bias: Some(gb1),
+                x: None,
+            };
+            p.dense_backward(&a.dh, &a.x, w1, 0.0, grads)?;
+            let grads: Vec<&Tensor> = self.grads.iter().collect();
+            p.all_reduce(&grads, Op::Sum)?;
+            let params: Vec<&Tensor> = self.params.iter().collect();
+            let velocity: Vec<&Tensor> = self.velocity.iter().collect();
+            let (lr, momentum) = (f32::from_bits(lr), f32::from_bits(momentum));
+            p.sgd_momentum(&params, &velocity, &grads, 1.0 / batch as f32, lr, momentum)?;
+        }
+        Ok(Recorded {
+            kind,
+            program: p,
+            _activations: a,
+        })
     }
 
     /// The parameters, flat in the layout's order.

@@ -33,7 +33,8 @@
 //! recovery), `kernels` (false: with true, the forward and backward passes
 //! and the SGD step run as host kernels on host tensors, `host.rs`, whose
 //! gradients are all-reduced and whose checkpoints are written and read
-//! in the host; same model, same data, same files), `bench_steps` (none:
+//! in the host, each step a recorded program run with one call; same
+//! model, same data, same files), `bench_steps` (none:
 //! time that many training steps on the first batch and report
 //! `step_seconds` instead of training).
 
@@ -140,8 +141,8 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
     let mut on_host = match on_host {
         Some(model) => Some(OnHost {
             model,
-            train: HostSet::new(&train_set)?,
-            validation: HostSet::new(&validation)?,
+            train: HostSet::new("train", &train_set)?,
+            validation: HostSet::new("validation", &validation)?,
         }),
         None => None,
     };
@@ -188,7 +189,7 @@ fn train(config: Config) -> Result<(), Box<dyn Error>> {
                     .step_by(world)
                     .map(|i| i as u32)
                     .collect();
-                on.model.pass(&on.validation, &share, false)?
+                on.model.evaluate(&on.validation, &share)?
             }
             None => evaluate(&layout, &mut in_guest, &validation, rank, world),
         };
@@ -316,20 +317,13 @@ fn on_host_batch(batch: &[usize]) -> Vec<u32> {
 }
 
 /// [`guest_step`] on host kernels, the batch gathered from the training
-/// images in the host.
+/// images in the host: one call into the host a step.
 fn host_step(on: &mut OnHost, batch: &[u32], config: &Config) -> Result<Tally, Box<dyn Error>> {
     let (rank, world) = rank_and_world();
-    let model = &mut on.model;
     let share: Vec<u32> = batch.iter().copied().skip(rank).step_by(world).collect();
-    let mine = if share.is_empty() {
-        model.zero_gradients();
-        Tally::default()
-    } else {
-        model.pass(&on.train, &share, true)?
-    };
-    model.all_reduce_gradients()?;
-    model.step(1.0 / batch.len() as f32, config.lr, config.momentum)?;
-    Ok(mine)
+    let (lr, momentum) = (config.lr, config.momentum);
+    on.model
+        .train_step(&on.train, &share, batch.len(), lr, momentum)
 }
 
 fn rank_and_world() -> (usize, usize) {

@@ -16,11 +16,13 @@ wasmtime::component::bindgen!({
         "trainhost:train/tensors.all-reduce": async | trappable,
         "trainhost:train/tensors.all-reduce-list": async | trappable,
         "trainhost:train/tensors.broadcast": async | trappable,
+        "trainhost:train/tensors.[method]program.run": async | trappable,
         default: trappable,
     },
     // A rank's host tensors, in its own resource table.
     with: {
         "trainhost:train/tensors.tensor": crate::tensor::Tensor,
+        "trainhost:train/tensors.program": super::recording::Program,
     },
     // `train` is called asynchronously, so that a stopping attempt can drop
     // the call wherever the guest waits in WASI (see `rank.rs`).

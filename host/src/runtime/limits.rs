@@ -42,10 +42,17 @@ impl MemoryLimiter {
 
     /// Count `bytes` more of host tensors, or say why they do not fit.
     pub fn take_tensor(&mut self, bytes: u64) -> Result<(), String> {
+        self.take("a tensor", bytes)
+    }
+
+    /// Count `bytes` more of what the host keeps for the rank besides its
+    /// linear memory (`what`: a tensor, a program's kernels), with its
+    /// tensors, or say why they do not fit.
+    pub fn take(&mut self, what: &str, bytes: u64) -> Result<(), String> {
         let total = self.linear + self.tensors + bytes;
         match self.max {
             Some(max) if total > max => Err(format!(
-                "a tensor of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors in use)",
+                "{what} of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors in use)",
                 human_bytes(bytes),
                 human_bytes(max),
                 human_bytes(self.linear),
@@ -58,7 +65,8 @@ impl MemoryLimiter {
         }
     }
 
-    /// A tensor of `bytes` was dropped.
+    /// A tensor (or what else [`Self::take`] counted) of `bytes` was
+    /// dropped.
     pub fn give_back_tensor(&mut self, bytes: u64) {
         self.tensors = self.tensors.saturating_sub(bytes);
     }

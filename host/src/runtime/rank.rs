@@ -60,6 +60,30 @@ pub(crate) struct RankState {
     pub(super) told_to_stop: bool,
     /// The files the guest opened for writing (see `writes`).
     pub(super) writers: OpenForWriting,
+    /// How often each slot of `table` lost its tensor (see `program`).
+    pub(super) drops: Drops,
+}
+
+/// How often each slot of a rank's resource table lost its tensor. A
+/// recorded program names its tensors by slot and count, so that a tensor
+/// made later in the slot of one dropped is not taken for it.
+#[derive(Debug, Default)]
+pub(super) struct Drops(Vec<u32>);
+
+impl Drops {
+    /// The count of the slot `rep`.
+    pub fn of(&self, rep: u32) -> u32 {
+        self.0.get(rep as usize).copied().unwrap_or(0)
+    }
+
+    /// The tensor in slot `rep` was dropped.
+    pub fn dropped(&mut self, rep: u32) {
+        let at = rep as usize;
+        if at >= self.0.len() {
+            self.0.resize(at + 1, 0);
+        }
+        self.0[at] = self.0[at].wrapping_add(1);
+    }
 }
 
 /// A rank's sandbox could not be set up.
@@ -217,6 +241,7 @@ fn build_state(
         kernel_threads: crate::tensor::threads_per_rank(info.local_world_size),
         told_to_stop: false,
         writers: OpenForWriting::default(),
+        drops: Drops::default(),
     })
 }
 

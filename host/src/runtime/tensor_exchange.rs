@@ -6,10 +6,10 @@
 
 use wasmtime::component::Resource;
 
-use super::bindings::trainhost::train::collective::{CollectiveError, ReduceOp};
+use super::bindings::trainhost::train::collective::CollectiveError;
+use super::kernel_calls::Few;
 use super::rank::RankState;
-use super::tensors::Few;
-use crate::collective::{self, Call, Delivered, Values};
+use crate::collective::{self, Call, Delivered, Op, Values};
 use crate::tensor::Tensor;
 
 type Answer = wasmtime::Result<Result<(), CollectiveError>>;
@@ -30,11 +30,7 @@ impl RankState {
     /// rank they are not moved at all ([`Self::all_reduce_alone`]). An
     /// all-reduce combined across nodes comes back in one buffer, which is
     /// copied into the tensors. On an error every tensor holds zeros.
-    pub(super) async fn all_reduce_tensors(
-        &mut self,
-        ts: &[Resource<Tensor>],
-        o: ReduceOp,
-    ) -> Answer {
+    pub(super) async fn all_reduce_tensors(&mut self, ts: &[Resource<Tensor>], op: Op) -> Answer {
         let mut reps: Few<u32> = ts.iter().map(Resource::rep).collect();
         reps.sort_unstable();
         if reps.windows(2).any(|w| w[0] == w[1]) {
@@ -46,7 +42,7 @@ impl RankState {
             ));
         }
         if self.info.world_size == 1 {
-            return self.all_reduce_alone(ts, o).await;
+            return self.all_reduce_alone(ts, op).await;
         }
         let values = match ts {
             [one] => Values::F32(self.table.get_mut(one)?.take_values()),
@@ -56,10 +52,7 @@ impl RankState {
                     .collect::<wasmtime::Result<_>>()?,
             ),
         };
-        let call = Call::AllReduce {
-            values,
-            op: super::collective::op(o),
-        };
+        let call = Call::AllReduce { values, op };
         let answer = self
             .collective(call, |d| match d {
                 Delivered::Values(Values::F32Parts(parts)) => Some(Combined::Each(parts)),
@@ -87,8 +80,7 @@ impl RankState {
     /// the call (R31); the result's size is then checked as the round
     /// checks it with values (R32), which only more than 4 GiB of tensors
     /// can fail (tensors count against the memory limit).
-    async fn all_reduce_alone(&mut self, ts: &[Resource<Tensor>], o: ReduceOp) -> Answer {
-        let op = super::collective::op(o);
+    async fn all_reduce_alone(&mut self, ts: &[Resource<Tensor>], op: Op) -> Answer {
         let call = Call::AllReduce {
             values: Values::F32(Vec::new()),
             op,

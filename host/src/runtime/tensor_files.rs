@@ -9,8 +9,8 @@ use cap_std::fs::Dir;
 use wasmtime::component::{Resource, ResourceTableError};
 
 use super::bindings::trainhost::train::tensors::TensorError;
+use super::kernel_calls::{Answer, refused};
 use super::rank::RankState;
-use super::tensors::{Answer, refused};
 use crate::tensor::file::{Header, write};
 use crate::tensor::{Tensor, TensorError as Refused};
 

@@ -22,6 +22,7 @@ mod outages;
 mod owner;
 mod persistence;
 mod preemption;
+mod programs;
 mod protocol;
 mod python;
 mod python_hostile;

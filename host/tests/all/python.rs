@@ -194,6 +194,15 @@ fn a_python_loop_catches_refused_kernel_calls() {
             "sgd over lists of different lengths",
             "refused by the host: Shape: sgd-momentum-list: 1 params, 2 velocities",
         ),
+        (
+            "program of mismatched shapes",
+            "refused by the host: Shape: program.dense: x has 3 columns, so w must have 3 rows",
+        ),
+        (
+            "program run of too few rows",
+            "refused by the host: Shape: program.run: kernel 0 (gather-rows) takes 2 rows, \
+             and the run was given 1",
+        ),
     ];
     for (what, outcome) in expected {
         let line = printed

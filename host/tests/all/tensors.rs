@@ -87,16 +87,21 @@ fn host_tensors_count_against_the_memory_limit_and_free_it_when_dropped() {
 
 #[test]
 fn a_failing_rank_stops_another_inside_a_long_kernel() {
-    // One GEMM of 2 × 4096 × 8192 × 4096 ≈ 275 GFLOP, seconds on any
-    // machine: first alone, to know how long it takes here.
-    let gemm = json!({"tensor_gemm": 4096, "ranks": [0]});
+    stops_inside_a_long_gemm("tensor_gemm");
+}
+
+/// One GEMM of 2 × 4096 × 8192 × 4096 ≈ 275 GFLOP, seconds on any
+/// machine, made by the step `step` (printing `STEP: done`): first alone,
+/// to know how long it takes here, then while rank 1 fails. Rank 0 is
+/// stopped between two blocks of the GEMM, not at its end.
+pub(crate) fn stops_inside_a_long_gemm(step: &str) {
+    let gemm = json!({step: 4096, "ranks": [0]});
     let started = Instant::now();
     let alone = run(1, json!([gemm]));
     let whole = started.elapsed();
     alone.assert_ok();
-    assert_eq!(alone.stdout(0), ["tensor_gemm: done"]);
+    assert_eq!(alone.stdout(0), [format!("{step}: done")]);
 
-    // Then rank 1 fails while rank 0 is in the same GEMM.
     let started = Instant::now();
     let failed = run(
         2,
@@ -107,7 +112,6 @@ fn a_failing_rank_stops_another_inside_a_long_kernel() {
     assert_eq!(e.kind, FailureKind::Trap, "{e}");
     assert!(e.to_string().contains("rank 1 gives up"), "{e}");
     assert!(failed.stdout(0).is_empty(), "{:?}", failed.stdout(0));
-    // Stopped between two blocks of the GEMM, not at its end.
     assert!(
         stopped < whole.mul_f64(0.6),
         "the GEMM alone took {whole:?}; the failed run {stopped:?}"

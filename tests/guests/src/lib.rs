@@ -34,7 +34,8 @@
 //!   requested, then report a checkpoint holding `final` and return
 //!
 //! - the collective steps listed in `collective.rs`, the file steps in
-//!   `files.rs`
+//!   `files.rs`, the tensor steps in `tensors.rs` and the program steps in
+//!   `programs.rs`
 //!
 //! A step with `"when_attempt": [..]` runs only when the restored
 //! checkpoint's `attempt` file holds one of those numbers (0 without one);
@@ -43,6 +44,7 @@
 
 mod collective;
 mod files;
+mod programs;
 mod tensors;
 
 use std::fs;
@@ -115,6 +117,7 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
     if collective::run(step, rank, |key| text(step, key, vars))?
         || files::run(|key| text(step, key, vars))?
         || tensors::run(step, rank)?
+        || programs::run(step)?
     {
         return Ok(());
     }

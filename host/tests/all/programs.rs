@@ -1,0 +1,91 @@
+//! Recorded programs (`tensors.program`): a run gives the values of the
+//! same calls made directly, matches them collectively, refuses what does
+//! not fit before anything runs, notices a tensor dropped since it was
+//! recorded, is bounded, and stops with the run.
+
+use serde_json::json;
+
+use crate::util::*;
+
+/// Three steps of a network using every kernel a program records, made
+/// by a program on one rank and call by call on the other (their
+/// all-reduces meet), then by programs on both: every tensor ends with
+/// the same bits, and the losses are the same.
+#[test]
+fn a_programs_run_gives_the_values_of_the_same_calls_made_directly() {
+    let run = run(
+        2,
+        json!([
+            {"program_step": "program", "ranks": [0]},
+            {"program_step": "direct", "ranks": [1]},
+            {"program_step": "program"},
+        ]),
+    );
+    run.assert_ok();
+    let (first, second) = (run.stdout(0), run.stdout(1));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(first[0].starts_with("program_step: "), "{first:?}");
+    assert_eq!(first, second);
+    assert_eq!(first[0], first[1]);
+    // Three losses, one a step.
+    assert_eq!(first[0].matches("), (").count(), 2, "{first:?}");
+}
+
+#[test]
+fn a_program_refuses_bad_calls_when_recorded_and_runs_that_do_not_fit_before_they_run() {
+    let run = run(1, json!([{"program_refusals": true}]));
+    run.assert_ok();
+    let own = "each tensor it writes must be a tensor of its own, passed once and not also as one it reads";
+    assert_eq!(
+        run.stdout(0),
+        [
+            "program error: program.gemm: op(a) is 6×5 and op(b) 4×3, so c must be 6×3 with \
+             equal inner sizes; c is 6×4"
+                .to_string(),
+            format!("program error: program.dense: {own}"),
+            format!("program error: program.all-reduce-list: {own}"),
+            "program error: program.softmax-cross-entropy: the label of row 2 is 3, not below \
+             the 3 classes"
+                .to_string(),
+            "program error: program.sgd-momentum-list: 1 params, 2 velocities and 1 gradients; \
+             the lists must be as long"
+                .to_string(),
+            "program error: program.gather-rows: a source with 5 columns needs out of shape \
+             [rows, 5], not [6, 4]"
+                .to_string(),
+            "program error: program.run: kernel 0 (gather-rows) takes 6 rows, and the run was \
+             given 3"
+                .to_string(),
+            "program error: program.run: rows[5] is 20, past the 20 rows in the source of \
+             kernel 0 (gather-rows)"
+                .to_string(),
+            "program error: program.run: rows[5] is 10, past the 10 labels of kernel 0 \
+             (softmax-cross-entropy)"
+                .to_string(),
+            "program unchanged: true".to_string(),
+            "program error: program.run: a tensor kernel 0 (activate) names was dropped since \
+             it was recorded; record the program again with the tensors it should use"
+                .to_string(),
+            "program refused: invalid".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn a_program_holds_a_bounded_number_of_kernels() {
+    let run = run(1, json!([{"program_full": true}]));
+    run.assert_ok();
+    assert_eq!(
+        run.stdout(0),
+        [
+            "program_full: 4096 recorded",
+            "program error: program.scale: a program holds at most 4096 kernels; record another \
+             step in a program of its own"
+        ]
+    );
+}
+
+#[test]
+fn a_failing_rank_stops_another_inside_a_programs_long_kernel() {
+    crate::tensors::stops_inside_a_long_gemm("program_gemm");
+}
