@@ -74,7 +74,7 @@ impl RankState {
                 kernel: at as u32,
             })
             .collect();
-        let bytes = kernel.bytes();
+        let bytes = kernel.bytes() + (named.len() * size_of::<Named>()) as u64;
         if let Err(m) = self.memory.take("a program's kernel", bytes) {
             return Ok(Err(TensorError::OutOfMemory(m)));
         }

@@ -1,8 +1,8 @@
 //! A recorded program (`tensors.program`): the kernel calls, their
-//! tensors by slot in the rank's table, and its runs so far. The calls and
-//! the runs are in `program.rs`; this file holds only the record, in the
-//! host's own types, so that the bindings can name it as the resource's
-//! type.
+//! tensors by slot in the rank's table, and its runs so far. Recording is
+//! in `program.rs` and running in `program_run.rs`; this file holds only
+//! the record, in the host's own types, so that the bindings can name it
+//! as the resource's type.
 
 use std::sync::Arc;
 
@@ -152,7 +152,8 @@ impl Kernel {
         }
     }
 
-    /// The host memory it keeps (counted against the memory limit).
+    /// The host memory it keeps, counted against the memory limit (the
+    /// [`Named`] entries of its tensors, kept beside it, are counted apart).
     pub fn bytes(&self) -> u64 {
         let lists = match self {
             Kernel::SoftmaxCrossEntropy { labels, .. } => labels.len(),
@@ -165,6 +166,6 @@ impl Kernel {
             Kernel::AllReduceList { ts, .. } => ts.len(),
             _ => 0,
         };
-        (size_of::<Kernel>() + lists * (size_of::<u32>() + size_of::<Named>())) as u64
+        (size_of::<Kernel>() + lists * size_of::<u32>()) as u64
     }
 }

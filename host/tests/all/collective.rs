@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use trainhost::{FailureConfig, FailureKind, Interruption, MaxFailures, ResourceLimits, RunConfig};
+use trainhost::{FailureConfig, FailureKind, Interruption, MaxFailures, RunConfig};
 
 use crate::util::*;
 
@@ -424,15 +424,7 @@ fn a_result_over_the_memory_limit_is_refused_before_it_is_allocated() {
             {"all_gather": "small {rank}"},
         ]),
     );
-    let builder = builder.run_config(RunConfig {
-        name: Some("t".into()),
-        storage_path: storage.path().display().to_string(),
-        limits: ResourceLimits {
-            max_memory: Some(64 << 20),
-            ..ResourceLimits::default()
-        },
-        ..Default::default()
-    });
+    let builder = with_max_memory(builder, &storage, 64 << 20);
     let run = finish(builder, storage, lines);
     run.assert_ok();
     for r in 0..2 {

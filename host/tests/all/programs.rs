@@ -1,7 +1,7 @@
 //! Recorded programs (`tensors.program`): a run gives the values of the
 //! same calls made directly, matches them collectively, refuses what does
 //! not fit before anything runs, notices a tensor dropped since it was
-//! recorded, is bounded, and stops with the run.
+//! recorded, is bounded in kernels and memory, and stops with the run.
 
 use serde_json::json;
 
@@ -83,6 +83,32 @@ fn a_program_holds_a_bounded_number_of_kernels() {
              step in a program of its own"
         ]
     );
+}
+
+/// Labels kept by a program count against the memory limit, and are
+/// given back when the program is dropped.
+#[test]
+fn a_programs_kernels_count_against_the_memory_limit() {
+    let (builder, storage, lines) = scripted(1, json!([{"program_labels_mb": 6}]));
+    let builder = with_max_memory(builder, &storage, 64 << 20);
+    let run = finish(builder, storage, lines);
+    run.assert_ok();
+    let out = run.stdout(0);
+    assert_eq!(out.len(), 3, "{out:?}");
+    let recorded: u32 = out[0]
+        .strip_prefix("program_labels: ")
+        .and_then(|r| r.strip_suffix(" recorded"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out:?}"));
+    // 6 MiB each under 64 MiB that the guest's own memory shares.
+    assert!((2..=10).contains(&recorded), "{out:?}");
+    let refused = &out[1];
+    assert!(
+        refused.starts_with("program error: out of memory: a program's kernel of 6")
+            && refused.contains("would take the rank past its memory limit of 64 MiB"),
+        "{out:?}"
+    );
+    assert_eq!(out[2], "program_labels: recorded again");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use serde_json::json;
-use trainhost::{FailureKind, ResourceLimits, RunConfig};
+use trainhost::{FailureKind, RunConfig};
 
 use crate::util::*;
 
@@ -62,15 +62,7 @@ fn host_tensors_count_against_the_memory_limit_and_free_it_when_dropped() {
             {"tensor_hold_mb": 16, "count": 2},
         ]),
     );
-    let builder = builder.run_config(RunConfig {
-        name: Some("t".into()),
-        storage_path: storage.path().display().to_string(),
-        limits: ResourceLimits {
-            max_memory: Some(64 << 20),
-            ..ResourceLimits::default()
-        },
-        ..Default::default()
-    });
+    let builder = with_max_memory(builder, &storage, 64 << 20);
     let run = finish(builder, storage, lines);
     run.assert_ok();
     let out = run.stdout(0);

@@ -102,6 +102,24 @@ pub fn scripted(workers: u32, steps: Value) -> (TrainerBuilder, tempfile::TempDi
     (builder, storage, lines)
 }
 
+/// The scripted guest's trainer of [`scripted`] with the ranks' memory
+/// limited to `max_memory` bytes.
+pub fn with_max_memory(
+    builder: TrainerBuilder,
+    storage: &tempfile::TempDir,
+    max_memory: u64,
+) -> TrainerBuilder {
+    builder.run_config(RunConfig {
+        name: Some("t".into()),
+        storage_path: storage.path().display().to_string(),
+        limits: trainhost::ResourceLimits {
+            max_memory: Some(max_memory),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+}
+
 /// Run `steps` on `workers` ranks of the scripted guest.
 pub fn run(workers: u32, steps: Value) -> Run {
     let (builder, storage, lines) = scripted(workers, steps);

@@ -15,6 +15,10 @@
 //!   prints `program_full: N recorded` and the error
 //! - `{"program_gemm": N}`: a program of one `gemm` of `[N, 2N] × [2N, N]`,
 //!   run once; prints `program_gemm: done`
+//! - `{"program_labels_mb": N}`: records losses with labels of N MiB each
+//!   until one is refused (at most 65); prints `program_labels: K
+//!   recorded` and the error, then, the program dropped,
+//!   `program_labels: recorded again`
 
 use serde_json::{Map, Value};
 use trainhost_guest::collective::Op;
@@ -33,6 +37,8 @@ pub fn run(step: &Map<String, Value>) -> Result<bool, String> {
             refusals().map_err(Into::into)
         } else if step.contains_key("program_full") {
             full().map_err(Into::into)
+        } else if let Some(mb) = step.get("program_labels_mb").and_then(Value::as_u64) {
+            labels(mb as usize).map_err(Into::into)
         } else if let Some(n) = step.get("program_gemm").and_then(Value::as_u64) {
             let n = n as u32;
             (|| -> Result<(), Box<dyn std::error::Error>> {
@@ -296,4 +302,28 @@ fn full() -> Result<(), TensorError> {
         }
         n += 1;
     }
+}
+
+fn labels(mb: usize) -> Result<(), TensorError> {
+    let labels = vec![0u32; mb << 18];
+    let (logits, grad) = (Tensor::zeros(&[1, 2])?, Tensor::zeros(&[1, 2])?);
+    let mut p = Program::new();
+    // At most 64 (384 MiB at 6 MiB), should the host not count them.
+    let mut n = 0;
+    let refused = loop {
+        match p.softmax_cross_entropy(&logits, &labels, &grad, 1.0) {
+            Ok(()) if n < 64 => n += 1,
+            Ok(()) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    println!("program_labels: {n} recorded");
+    match refused {
+        Some(e) => println!("program error: {e}"),
+        None => println!("program error: none"),
+    }
+    drop(p);
+    Program::new().softmax_cross_entropy(&logits, &labels, &grad, 1.0)?;
+    println!("program_labels: recorded again");
+    Ok(())
 }
