@@ -64,7 +64,7 @@ impl RankState {
         {
             let k = &program.kernels[gone.kernel as usize];
             return Err(TensorError::Invalid(format!(
-                "program.run: a tensor kernel {} ({}) names was dropped since it was recorded; record the program again with the tensors it should use",
+                "program.run: a tensor that kernel {} ({}) names was dropped since it was recorded; record the program again with the tensors it should use",
                 gone.kernel,
                 k.name()
             )));

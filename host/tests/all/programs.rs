@@ -63,8 +63,8 @@ fn a_program_refuses_bad_calls_when_recorded_and_runs_that_do_not_fit_before_the
              (softmax-cross-entropy)"
                 .to_string(),
             "program unchanged: true".to_string(),
-            "program error: program.run: a tensor kernel 0 (activate) names was dropped since \
-             it was recorded; record the program again with the tensors it should use"
+            "program error: program.run: a tensor that kernel 0 (activate) names was dropped \
+             since it was recorded; record the program again with the tensors it should use"
                 .to_string(),
             "program refused: invalid".to_string(),
         ]
