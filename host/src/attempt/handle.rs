@@ -204,6 +204,14 @@ impl RankHandle {
         self.attempt.collective(self.rank, call).await
     }
 
+    /// A collective call of a run of one rank that carries no data to
+    /// exchange: no round is made, as MPI does nothing for a communicator
+    /// of one. It is a sign of life, and is aborted if the attempt is
+    /// stopping (R31), as a round would be.
+    pub fn collective_alone(&self) -> Result<(), CollectiveError> {
+        self.attempt.collective_alone(self.rank)
+    }
+
     /// Whether the rank sees preemption requested: the same answer on
     /// every rank after the same report.
     pub fn preemption_requested(&self) -> bool {

@@ -121,6 +121,16 @@ impl Shared {
         }
     }
 
+    /// See [`super::RankHandle::collective_alone`].
+    pub(super) fn collective_alone(&self, rank: u32) -> Result<(), CollectiveError> {
+        debug_assert!(self.span.is_none(), "one rank in all means one node");
+        self.supervisor.alive(rank);
+        match self.supervisor.is_stopping() {
+            true => Err(CollectiveError::Aborted(self.stop_reason())),
+            false => Ok(()),
+        }
+    }
+
     /// Arrive for the next round and wait for its outcome. `Err` when the
     /// attempt is stopping: with the violation if the ranks broke the
     /// protocol (the run is failed with it).

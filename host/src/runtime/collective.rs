@@ -19,14 +19,37 @@ impl RankState {
         if self.told_to_stop {
             return Err(wasmtime::Error::new(StoppedByHost));
         }
-        match self.attempt.collective(call).await {
+        let result = match self.attempt.collective(call).await {
             Ok(delivered) => match take(delivered) {
-                Some(result) => Ok(Ok(result)),
+                Some(result) => Ok(result),
                 // The attempt answers each call with its own kind of result.
-                None => Err(wasmtime::Error::msg(
-                    "host error: a collective call got the result of another kind of call",
-                )),
+                None => {
+                    return Err(wasmtime::Error::msg(
+                        "host error: a collective call got the result of another kind of call",
+                    ));
+                }
             },
+            Err(e) => Err(e),
+        };
+        self.answer(result)
+    }
+
+    /// A collective call of a run of one rank with nothing to exchange
+    /// (see [`crate::attempt::RankHandle::collective_alone`]), answered
+    /// as [`Self::collective`] answers.
+    pub(super) fn collective_alone(&mut self) -> Answer<()> {
+        if self.told_to_stop {
+            return Err(wasmtime::Error::new(StoppedByHost));
+        }
+        let result = self.attempt.collective_alone();
+        self.answer(result)
+    }
+
+    /// A collective's result or error as the guest gets it; a rank whose
+    /// call failed the run or was aborted is told to stop.
+    fn answer<T>(&mut self, result: Result<T, Failed>) -> Answer<T> {
+        match result {
+            Ok(result) => Ok(Ok(result)),
             Err(Failed::Invalid(message)) => Ok(Err(CollectiveError::Invalid(message))),
             Err(Failed::Mismatch(message)) => {
                 self.told_to_stop = true;

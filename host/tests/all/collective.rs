@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use trainhost::{FailureConfig, FailureKind, Interruption, MaxFailures, RunConfig};
+use trainhost::{FailureConfig, FailureKind, Interruption, MaxFailures, Preemption, RunConfig};
 
 use crate::util::*;
 
@@ -383,6 +383,44 @@ fn a_rank_told_the_run_is_stopping_is_stopped_by_its_next_call() {
     assert!(
         out.iter()
             .any(|l| l.starts_with("collective error: collective call aborted")),
+        "{out:?}"
+    );
+    assert!(
+        !out.iter().any(|l| l.starts_with("called again")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_lone_ranks_tensor_all_reduce_is_aborted_when_the_run_stops() {
+    // With one rank a tensor's all-reduce makes no round (its values are
+    // their own result), yet a stopping run still aborts it (R31).
+    // Interrupted only in host calls, so that the guest surely runs on
+    // after the error and makes its next call.
+    let (builder, storage, lines) = scripted(1, json!([{"collective_until_stopped": "tensor"}]));
+    let preemption = Preemption::new();
+    let builder = builder
+        .preemption(preemption.clone())
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: storage.path().display().to_string(),
+            interruption: Interruption::AtHostCalls,
+            preemption_grace: Duration::from_millis(100),
+            ..Default::default()
+        });
+    let asking = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        preemption.request();
+    });
+    let run = finish(builder, storage, lines);
+    asking.join().unwrap();
+    assert!(run.result.preempted, "{:?}", run.result.error);
+    let out = run.stdout(0);
+    assert!(
+        out.iter().any(
+            |l| l.starts_with("collective error: collective call aborted")
+                && l.contains("grace period ran out")
+        ),
         "{out:?}"
     );
     assert!(

@@ -9,7 +9,10 @@
 //!   passes the values as a slice or an array instead of a `Vec`; on an
 //!   error the values must be unchanged.
 //! - `{"collective_until_stopped": true}`: barriers until one fails, prints
-//!   the error, then calls once more (which stops the rank)
+//!   the error, then calls once more (which stops the rank), or prints
+//!   `never stopped` after 30 s;
+//!   `"tensor"` instead of `true` makes the calls all-reduces of a host
+//!   tensor
 //!
 //! A failed call prints `collective error: ...` and the script goes on.
 
@@ -83,14 +86,27 @@ pub fn run(
             other => return Err(format!("unknown dtype {other}")),
         };
         bytes.map(|b| format!("all_reduce: {len} {:016x}", super::fnv(&b)))
-    } else if step.contains_key("collective_until_stopped") {
+    } else if let Some(how) = step.get("collective_until_stopped") {
+        let mut t = trainhost_guest::tensor::Tensor::zeros(&[4]).map_err(|e| e.to_string())?;
+        let mut call = || match how.as_str() {
+            Some("tensor") => t.all_reduce(Op::Sum),
+            _ => collective::barrier(),
+        };
+        // Bounded, so that a host that never stops the calls fails the
+        // test instead of hanging it.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let error = loop {
-            if let Err(e) = collective::barrier() {
-                break e;
+            match call() {
+                Err(e) => break e,
+                Ok(()) if std::time::Instant::now() > until => {
+                    println!("never stopped");
+                    return Ok(true);
+                }
+                Ok(()) => {}
             }
         };
         println!("collective error: {error}");
-        let again = collective::barrier();
+        let again = call();
         // Not reached: the call above stops the rank.
         println!("called again: {again:?}");
         return Ok(true);
