@@ -17,6 +17,9 @@ use crate::tensor::{self as kernels, Tensor, TensorError as Refused};
 
 pub(super) type Answer<T> = wasmtime::Result<Result<T, TensorError>>;
 
+/// Whether the run is stopping, for a long kernel to poll.
+type Stop<'a> = &'a dyn Fn() -> bool;
+
 /// The tensors (or handles) of one kernel call: up to eight (a four-tensor
 /// model's parameters and velocities) without allocating.
 pub(super) type Few<T> = SmallVec<[T; 8]>;
@@ -105,22 +108,26 @@ impl RankState {
         name: &str,
         out: &Resource<Tensor>,
         inputs: &[&Resource<Tensor>],
-        kernel: impl FnOnce(&mut Tensor, &[&Tensor]) -> Result<R, Refused>,
+        kernel: impl FnOnce(&mut Tensor, &[&Tensor], Stop) -> Result<R, Refused>,
     ) -> Answer<R> {
-        self.with_outputs(name, std::slice::from_ref(&out), inputs, |outs, inputs| {
-            kernel(&mut outs[0], inputs)
-        })
+        self.with_outputs(
+            name,
+            std::slice::from_ref(&out),
+            inputs,
+            |outs, inputs, stop| kernel(&mut outs[0], inputs, stop),
+        )
     }
 
     /// Run `kernel` (`name` in the interface) on the tensors `outs`
     /// (written, in that order) and `inputs` (read). A tensor written must
     /// appear once and not among those read: the call is refused otherwise.
+    /// A long kernel polls the [`Stop`] it is given.
     fn with_outputs<R>(
         &mut self,
         name: &str,
         outs: &[&Resource<Tensor>],
         inputs: &[&Resource<Tensor>],
-        kernel: impl FnOnce(&mut [Tensor], &[&Tensor]) -> Result<R, Refused>,
+        kernel: impl FnOnce(&mut [Tensor], &[&Tensor], Stop) -> Result<R, Refused>,
     ) -> Answer<R> {
         self.check_running()?;
         let written = outs.iter().map(|o| o.rep()).collect();
@@ -134,7 +141,7 @@ impl RankState {
             match self.table.get_mut(out) {
                 Ok(t) => taken.push(std::mem::replace(t, Tensor::empty())),
                 Err(e) => {
-                    self.put_back(outs, taken)?;
+                    self.put_back(outs, &mut taken)?;
                     return Err(e.into());
                 }
             }
@@ -144,9 +151,12 @@ impl RankState {
                 .iter()
                 .map(|i| self.table.get(i))
                 .collect::<Result<Few<_>, _>>()?;
-            Ok(kernel(&mut taken, &inputs))
+            // Borrowed beside the table, not cloned: a clone of the
+            // attempt's handle per call showed in the step's profile.
+            let attempt = &self.attempt;
+            Ok(kernel(&mut taken, &inputs, &|| attempt.is_stopping()))
         })();
-        self.put_back(outs, taken)?;
+        self.put_back(outs, &mut taken)?;
         match result? {
             Ok(r) => Ok(Ok(r)),
             Err(Refused::Stopped) => Err(wasmtime::Error::new(StoppedByHost)),
@@ -158,9 +168,10 @@ impl RankState {
     fn put_back(
         &mut self,
         outs: &[&Resource<Tensor>],
-        taken: Few<Tensor>,
+        taken: &mut Few<Tensor>,
     ) -> Result<(), ResourceTableError> {
-        for (out, t) in outs.iter().zip(taken) {
+        // Drained in place: moving a `Few` of tensors moves 400 bytes.
+        for (out, t) in outs.iter().zip(taken.drain(..)) {
             *self.table.get_mut(out)? = t;
         }
         Ok(())
@@ -173,7 +184,7 @@ impl RankState {
 impl RankState {
     /// `tensor.assign`: the values replaced by `data`.
     pub(super) fn call_assign(&mut self, t: &Resource<Tensor>, data: &[f32]) -> Answer<()> {
-        self.with_output("assign", t, &[], |t, _| t.assign(data))
+        self.with_output("assign", t, &[], |t, _, _| t.assign(data))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -187,12 +198,10 @@ impl RankState {
         trans_b: bool,
         beta: f32,
     ) -> Answer<()> {
-        let attempt = self.attempt.clone();
         let threads = self.kernel_threads;
-        self.with_output("gemm", c, &[a, b], |c, ab| {
-            let stop = || attempt.is_stopping();
+        self.with_output("gemm", c, &[a, b], |c, ab, stop| {
             let (a, b) = (ab[0], ab[1]);
-            kernels::gemm(c, alpha, a, trans_a, b, trans_b, beta, threads, &stop)
+            kernels::gemm(c, alpha, a, trans_a, b, trans_b, beta, threads, stop)
         })
     }
 
@@ -202,7 +211,7 @@ impl RankState {
         source: &Resource<Tensor>,
         rows: &[u32],
     ) -> Answer<()> {
-        self.with_output("gather-rows", out, &[source], |out, source| {
+        self.with_output("gather-rows", out, &[source], |out, source, _| {
             kernels::gather_rows(out, source[0], rows)
         })
     }
@@ -213,11 +222,11 @@ impl RankState {
         alpha: f32,
         x: &Resource<Tensor>,
     ) -> Answer<()> {
-        self.with_output("axpy", y, &[x], |y, x| kernels::axpy(y, alpha, x[0]))
+        self.with_output("axpy", y, &[x], |y, x, _| kernels::axpy(y, alpha, x[0]))
     }
 
     pub(super) fn call_scale(&mut self, x: &Resource<Tensor>, alpha: f32) -> Answer<()> {
-        self.with_output("scale", x, &[], |x, _| {
+        self.with_output("scale", x, &[], |x, _, _| {
             kernels::scale(x, alpha);
             Ok(())
         })
@@ -228,7 +237,9 @@ impl RankState {
         x: &Resource<Tensor>,
         row: &Resource<Tensor>,
     ) -> Answer<()> {
-        self.with_output("add-row", x, &[row], |x, row| kernels::add_row(x, row[0]))
+        self.with_output("add-row", x, &[row], |x, row, _| {
+            kernels::add_row(x, row[0])
+        })
     }
 
     pub(super) fn call_sum_rows(
@@ -237,7 +248,7 @@ impl RankState {
         x: &Resource<Tensor>,
         beta: f32,
     ) -> Answer<()> {
-        self.with_output("sum-rows", out, &[x], |out, x| {
+        self.with_output("sum-rows", out, &[x], |out, x, _| {
             kernels::sum_rows(out, x[0], beta)
         })
     }
@@ -247,7 +258,7 @@ impl RankState {
         x: &Resource<Tensor>,
         f: kernels::Activation,
     ) -> Answer<()> {
-        self.with_output("activate", x, &[], |x, _| {
+        self.with_output("activate", x, &[], |x, _, _| {
             kernels::activate(x, f);
             Ok(())
         })
@@ -259,7 +270,7 @@ impl RankState {
         output: &Resource<Tensor>,
         f: kernels::Activation,
     ) -> Answer<()> {
-        self.with_output("activate-backward", grad, &[output], |g, y| {
+        self.with_output("activate-backward", grad, &[output], |g, y, _| {
             kernels::activate_backward(g, y[0], f)
         })
     }
@@ -272,13 +283,11 @@ impl RankState {
         bias: Option<&Resource<Tensor>>,
         f: Option<kernels::Activation>,
     ) -> Answer<()> {
-        let attempt = self.attempt.clone();
         let threads = self.kernel_threads;
         let inputs: Few<&Resource<Tensor>> = [x, w].into_iter().chain(bias).collect();
-        self.with_output("dense", out, &inputs, |out, xwb| {
-            let stop = || attempt.is_stopping();
+        self.with_output("dense", out, &inputs, |out, xwb, stop| {
             let bias = xwb.get(2).copied();
-            kernels::dense(out, xwb[0], xwb[1], bias, f, threads, &stop)
+            kernels::dense(out, xwb[0], xwb[1], bias, f, threads, stop)
         })
     }
 
@@ -296,7 +305,6 @@ impl RankState {
         grad_x: Option<&Resource<Tensor>>,
         x_f: Option<kernels::Activation>,
     ) -> Answer<()> {
-        let attempt = self.attempt.clone();
         let threads = self.kernel_threads;
         let outs: Few<&Resource<Tensor>> = [grad_w]
             .into_iter()
@@ -304,8 +312,7 @@ impl RankState {
             .chain(grad_x)
             .collect();
         let (has_bias, has_x) = (grad_bias.is_some(), grad_x.is_some());
-        self.with_outputs("dense-backward", &outs, &[grad, x, w], |outs, gxw| {
-            let stop = || attempt.is_stopping();
+        self.with_outputs("dense-backward", &outs, &[grad, x, w], |outs, gxw, stop| {
             let [gw, rest @ ..] = outs else {
                 unreachable!("grad-w is always written")
             };
@@ -322,7 +329,7 @@ impl RankState {
                 bias: gb,
                 x: gx,
             };
-            kernels::dense_backward(gxw[0], gxw[1], gxw[2], beta, grads, threads, &stop)
+            kernels::dense_backward(gxw[0], gxw[1], gxw[2], beta, grads, threads, stop)
         })
     }
 
@@ -333,7 +340,7 @@ impl RankState {
         grad: &Resource<Tensor>,
         grad_scale: f32,
     ) -> Answer<(f64, u32)> {
-        self.with_output("softmax-cross-entropy", grad, &[logits], |g, z| {
+        self.with_output("softmax-cross-entropy", grad, &[logits], |g, z, _| {
             kernels::softmax_cross_entropy(z[0], labels, g, grad_scale)
         })
     }
@@ -346,7 +353,7 @@ impl RankState {
         lr: f32,
         momentum: f32,
     ) -> Answer<()> {
-        self.with_outputs("sgd-momentum", &[param, velocity], &[grad], |pv, g| {
+        self.with_outputs("sgd-momentum", &[param, velocity], &[grad], |pv, g, _| {
             let [p, v] = pv else {
                 unreachable!("two outputs")
             };
@@ -368,7 +375,7 @@ impl RankState {
         let n = params.len();
         let outs: Few<&Resource<Tensor>> = params.iter().chain(velocity).collect();
         let inputs: Few<&Resource<Tensor>> = grads.iter().collect();
-        self.with_outputs("sgd-momentum-list", &outs, &inputs, |pv, g| {
+        self.with_outputs("sgd-momentum-list", &outs, &inputs, |pv, g, _| {
             let (p, v) = pv.split_at_mut(n);
             let mut p: Few<&mut Tensor> = p.iter_mut().collect();
             let mut v: Few<&mut Tensor> = v.iter_mut().collect();
@@ -384,7 +391,7 @@ impl RankState {
         grad: &Resource<Tensor>,
         h: kernels::AdamStep,
     ) -> Answer<()> {
-        self.with_outputs("adam", &[param, m, v], &[grad], |pmv, g| {
+        self.with_outputs("adam", &[param, m, v], &[grad], |pmv, g, _| {
             let [p, m, v] = pmv else {
                 unreachable!("three outputs")
             };
