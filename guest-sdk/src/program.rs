@@ -102,8 +102,10 @@ pub struct LayerGrads<'a> {
 }
 
 /// A recorded sequence of kernel calls on host tensors (see the module's
-/// documentation). Its kernels count against the rank's memory limit,
-/// and it holds at most 4096 of them.
+/// documentation). It and its kernels count against the rank's memory
+/// limit, and it holds at most 4096 kernels. [`Program::new`] cannot
+/// return an error: a program that does not fit in the memory limit stops
+/// the rank.
 #[derive(Debug)]
 pub struct Program(wit::Program);
 

@@ -9,8 +9,9 @@
 //! A [`Tensor`] is f32, row-major, of rank 1 (`[n]`) or 2
 //! (`[rows, cols]`). Its values stay in the host: build it from a slice
 //! once, run the kernels on it, and read it back only when needed
-//! ([`Tensor::to_vec`]). Its bytes count against the rank's memory limit
-//! with the rank's linear memory; dropping it frees them. A kernel checks
+//! ([`Tensor::to_vec`]). Its bytes, and 128 bytes for the host's own
+//! record of it, count against the rank's memory limit with the rank's
+//! linear memory; dropping it frees them. A kernel checks
 //! its arguments and returns a [`TensorError`] without changing anything
 //! on a bad call. A rank whose run is stopping is stopped at its next
 //! kernel, and inside a long GEMM within about 10 ms.

@@ -19,6 +19,13 @@ impl fmt::Display for LimitHit {
 
 impl std::error::Error for LimitHit {}
 
+/// What a tensor or a program costs the host besides its values: its
+/// entry in the rank's resource table, the boxed value and a tensor's
+/// shape. Counted against the memory limit with the values, so that a
+/// guest cannot hold host memory without bound in empty tensors or
+/// programs (a table holds up to a million entries).
+pub(crate) const ENTRY_BYTES: u64 = 128;
+
 /// Keeps a rank's linear memory and its host tensors together within the
 /// memory limit: growing the linear memory past it traps with a
 /// [`LimitHit`] that says so; a tensor that would not fit is refused.
@@ -27,7 +34,8 @@ pub(crate) struct MemoryLimiter {
     max: Option<u64>,
     /// The linear memory's size, as last grown.
     linear: u64,
-    /// The bytes of the rank's host tensors.
+    /// The bytes of the rank's host tensors and programs, with their
+    /// entries' own ([`ENTRY_BYTES`]).
     tensors: u64,
 }
 
@@ -40,34 +48,55 @@ impl MemoryLimiter {
         }
     }
 
-    /// Count `bytes` more of host tensors, or say why they do not fit.
+    /// Count a new tensor of `bytes`, or say why it does not fit.
     pub fn take_tensor(&mut self, bytes: u64) -> Result<(), String> {
-        self.take("a tensor", bytes)
+        self.take_entries("a tensor", 1, bytes)
+    }
+
+    /// A tensor of `bytes` was dropped.
+    pub fn give_back_tensor(&mut self, bytes: u64) {
+        self.give_back(bytes + ENTRY_BYTES);
+    }
+
+    /// Count `entries` new entries of the rank's resource table (`what`:
+    /// tensors, a program) holding `bytes` in all, each with its
+    /// [`ENTRY_BYTES`], or say why they do not fit.
+    pub fn take_entries(&mut self, what: &str, entries: u64, bytes: u64) -> Result<(), String> {
+        self.count(what, bytes, entries.saturating_mul(ENTRY_BYTES))
     }
 
     /// Count `bytes` more of what the host keeps for the rank besides its
-    /// linear memory (`what`: a tensor, a program's kernels), with its
-    /// tensors, or say why they do not fit.
+    /// linear memory (`what`: a program's kernels), with its tensors, or
+    /// say why they do not fit.
     pub fn take(&mut self, what: &str, bytes: u64) -> Result<(), String> {
-        let total = self.linear + self.tensors + bytes;
+        self.count(what, bytes, 0)
+    }
+
+    /// Count `bytes` of `what`, and `beside` bytes the host keeps for it.
+    fn count(&mut self, what: &str, bytes: u64, beside: u64) -> Result<(), String> {
+        let more = bytes.saturating_add(beside);
+        let total = self
+            .linear
+            .saturating_add(self.tensors)
+            .saturating_add(more);
         match self.max {
             Some(max) if total > max => Err(format!(
-                "{what} of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors in use)",
+                "{what} of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors and programs in use)",
                 human_bytes(bytes),
                 human_bytes(max),
                 human_bytes(self.linear),
                 human_bytes(self.tensors)
             )),
             _ => {
-                self.tensors += bytes;
+                self.tensors += more;
                 Ok(())
             }
         }
     }
 
-    /// A tensor (or what else [`Self::take`] counted) of `bytes` was
-    /// dropped.
-    pub fn give_back_tensor(&mut self, bytes: u64) {
+    /// Bytes counted by [`Self::take`] or [`Self::take_entries`] (with
+    /// the entries' own) were freed.
+    pub fn give_back(&mut self, bytes: u64) {
         self.tensors = self.tensors.saturating_sub(bytes);
     }
 }
@@ -83,7 +112,10 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         match self.max {
             Some(max) if desired + self.tensors > max => {
                 let tensors = if self.tensors > 0 {
-                    format!(", with {} of host tensors", human_bytes(self.tensors))
+                    format!(
+                        ", with {} of host tensors and programs",
+                        human_bytes(self.tensors)
+                    )
                 } else {
                     String::new()
                 };
@@ -156,10 +188,13 @@ mod tests {
         assert!(m.memory_growing(0, 600, None).unwrap());
         let e = m.take_tensor(500).unwrap_err();
         assert!(e.contains("memory limit of 1000 B"), "{e}");
-        m.take_tensor(400).unwrap();
+        // 272 B of values and the tensor's own 128 B fit; one more byte
+        // does not.
+        assert!(m.take_tensor(273).is_err());
+        m.take_tensor(272).unwrap();
         let e = m.memory_growing(600, 700, None).unwrap_err().to_string();
-        assert!(e.contains("with 400 B of host tensors"), "{e}");
-        m.give_back_tensor(400);
+        assert!(e.contains("with 400 B of host tensors and programs"), "{e}");
+        m.give_back_tensor(272);
         assert!(m.memory_growing(600, 1000, None).unwrap());
         assert!(MemoryLimiter::new(None).take_tensor(u64::MAX / 2).is_ok());
     }

@@ -23,6 +23,7 @@ use super::bindings::trainhost::train::tensors::{
 };
 use super::collective::op;
 use super::kernel_calls::{Answer, Few, activation, adam_step, aliased, refused};
+use super::limits::{ENTRY_BYTES, LimitHit};
 use super::rank::RankState;
 use super::recording::{Kernel, MAX_KERNELS, Named, Program};
 use crate::tensor::{Tensor, check};
@@ -89,6 +90,11 @@ impl RankState {
 impl HostProgram for RankState {
     fn new(&mut self) -> wasmtime::Result<Resource<Program>> {
         self.check_running()?;
+        // The constructor has no error to return: a program that does not
+        // fit stops the rank, as linear memory grown past the limit does.
+        if let Err(m) = self.memory.take("a program", ENTRY_BYTES) {
+            return Err(wasmtime::Error::new(LimitHit(m)));
+        }
         Ok(self.table.push(Program::default())?)
     }
 
@@ -371,7 +377,7 @@ impl HostProgram for RankState {
 
     fn drop(&mut self, p: Resource<Program>) -> wasmtime::Result<()> {
         let program = self.table.delete(p)?;
-        self.memory.give_back_tensor(program.bytes);
+        self.memory.give_back(program.bytes + ENTRY_BYTES);
         Ok(())
     }
 }

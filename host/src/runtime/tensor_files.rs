@@ -10,6 +10,7 @@ use wasmtime::component::{Resource, ResourceTableError};
 
 use super::bindings::trainhost::train::tensors::TensorError;
 use super::kernel_calls::{Answer, refused};
+use super::limits::ENTRY_BYTES;
 use super::rank::RankState;
 use crate::tensor::file::{Header, write};
 use crate::tensor::{Tensor, TensorError as Refused};
@@ -85,14 +86,14 @@ impl RankState {
             Ok(h) => h,
             Err(e) => return Ok(Err(about(path, e))),
         };
-        let bytes = header.bytes();
-        if let Err(m) = self.memory.take_tensor(bytes) {
+        let (count, bytes) = (header.count() as u64, header.bytes());
+        if let Err(m) = self.memory.take_entries("tensors", count, bytes) {
             return Ok(Err(TensorError::OutOfMemory(format!("{path:?}: {m}"))));
         }
         let tensors = match header.read_tensors(&mut input) {
             Ok(t) => t,
             Err(e) => {
-                self.memory.give_back_tensor(bytes);
+                self.memory.give_back(bytes + count * ENTRY_BYTES);
                 return Ok(Err(about(path, e)));
             }
         };

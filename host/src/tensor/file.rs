@@ -133,6 +133,11 @@ impl Header {
         Ok(Self { entries })
     }
 
+    /// How many tensors the file holds.
+    pub fn count(&self) -> usize {
+        self.entries.len()
+    }
+
     /// The bytes the tensors will take in memory.
     pub fn bytes(&self) -> u64 {
         let values: usize = self

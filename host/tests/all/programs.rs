@@ -4,6 +4,7 @@
 //! recorded, is bounded in kernels and memory, and stops with the run.
 
 use serde_json::json;
+use trainhost::FailureKind;
 
 use crate::util::*;
 
@@ -109,6 +110,23 @@ fn a_programs_kernels_count_against_the_memory_limit() {
         "{out:?}"
     );
     assert_eq!(out[2], "program_labels: recorded again");
+}
+
+#[test]
+fn empty_programs_count_against_the_memory_limit() {
+    // A program's constructor has no error to return: the program that
+    // does not fit stops the rank with the memory limit's failure.
+    let (builder, storage, lines) = scripted(1, json!([{"program_empty": 200_000}]));
+    let builder = with_max_memory(builder, &storage, 8 << 20);
+    let run = finish(builder, storage, lines);
+    let e = run.result.error.clone().expect("the run fails");
+    assert_eq!(e.kind, FailureKind::Limit, "{e}");
+    assert!(
+        e.message
+            .contains("a program of 128 B would take the rank past its memory limit of 8 MiB"),
+        "{e}"
+    );
+    assert!(run.stdout(0).is_empty(), "{:?}", run.stdout(0));
 }
 
 #[test]

@@ -78,6 +78,40 @@ fn host_tensors_count_against_the_memory_limit_and_free_it_when_dropped() {
 }
 
 #[test]
+fn empty_tensors_count_against_the_memory_limit() {
+    // Each tensor costs the host its table entry and shape besides its
+    // values: a guest cannot hold host memory without bound in tensors of
+    // no values. Under 8 MiB (shared with the linear memory) about 50 000
+    // fit, at 128 B each: below the 100 000 handles wasmtime lets a store
+    // hold, which would stop the rank instead.
+    let (builder, storage, lines) = scripted(
+        1,
+        json!([{"tensor_empty": 200_000}, {"tensor_empty": 200_000}]),
+    );
+    let builder = with_max_memory(builder, &storage, 8 << 20);
+    let run = finish(builder, storage, lines);
+    run.assert_ok();
+    let out = run.stdout(0);
+    assert_eq!(out.len(), 4, "{out:?}");
+    let made = |line: &str| -> u64 {
+        line.strip_prefix("tensor_empty: ")
+            .and_then(|l| l.strip_suffix(" made"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{out:?}"))
+    };
+    let (first, again) = (made(&out[0]), made(&out[2]));
+    assert!((40_000..60_000).contains(&first), "{out:?}");
+    // Dropped with the first step's tensors, the memory is there again.
+    assert!(again.abs_diff(first) < 1000, "{out:?}");
+    for refused in [&out[1], &out[3]] {
+        assert!(
+            refused.starts_with("tensor error: out of memory: a tensor of 0 B would take the rank past its memory limit of 8 MiB"),
+            "{out:?}"
+        );
+    }
+}
+
+#[test]
 fn a_failing_rank_stops_another_inside_a_long_kernel() {
     stops_inside_a_long_gemm("tensor_gemm");
 }

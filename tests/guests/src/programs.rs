@@ -19,6 +19,8 @@
 //!   until one is refused (at most 65); prints `program_labels: K
 //!   recorded` and the error, then, the program dropped,
 //!   `program_labels: recorded again`
+//! - `{"program_empty": C}`: makes C programs and keeps them; prints
+//!   `program_empty: C made`
 
 use serde_json::{Map, Value};
 use trainhost_guest::collective::Op;
@@ -39,6 +41,10 @@ pub fn run(step: &Map<String, Value>) -> Result<bool, String> {
             full().map_err(Into::into)
         } else if let Some(mb) = step.get("program_labels_mb").and_then(Value::as_u64) {
             labels(mb as usize).map_err(Into::into)
+        } else if let Some(count) = step.get("program_empty").and_then(Value::as_u64) {
+            let held: Vec<Program> = (0..count).map(|_| Program::new()).collect();
+            println!("program_empty: {} made", held.len());
+            Ok(())
         } else if let Some(n) = step.get("program_gemm").and_then(Value::as_u64) {
             let n = n as u32;
             (|| -> Result<(), Box<dyn std::error::Error>> {

@@ -8,6 +8,9 @@
 //! - `{"tensor_hold_mb": N, "count": C}`: makes C tensors of N MiB each and
 //!   keeps them until the next such step; prints `tensor_hold: I made` for
 //!   each, or `tensor error: ...` at the first refused
+//! - `{"tensor_empty": C}`: makes up to C tensors of shape `[0]` and keeps
+//!   them until the next such step (or `tensor_hold_mb`); prints
+//!   `tensor_empty: K made`, then the error if one was refused
 //! - `{"tensor_gemm": N}`: one `gemm` of `[N, 2N] × [2N, N]`; prints
 //!   `tensor_gemm: done`
 //! - `{"tensor_all_reduce": N, "op": OP}`: the all-reduce of the
@@ -79,6 +82,15 @@ pub fn run(step: &Map<String, Value>, rank: u32) -> Result<bool, String> {
             println!("tensor_hold: {i} made");
             Ok(())
         })
+    } else if let Some(count) = step.get("tensor_empty").and_then(Value::as_u64) {
+        HELD.with_borrow_mut(Vec::clear);
+        let made = (0..count).try_for_each(|_| {
+            let t = Tensor::zeros(&[0])?;
+            HELD.with_borrow_mut(|held| held.push(t));
+            Ok(())
+        });
+        println!("tensor_empty: {} made", HELD.with_borrow(Vec::len));
+        made
     } else if let Some(n) = step.get("tensor_gemm").and_then(Value::as_u64) {
         let n = n as u32;
         Tensor::zeros(&[n, 2 * n]).and_then(|a| {
