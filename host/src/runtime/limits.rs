@@ -26,6 +26,12 @@ impl std::error::Error for LimitHit {}
 /// programs (a table holds up to a million entries).
 pub(crate) const ENTRY_BYTES: u64 = 128;
 
+/// The most tensors and programs a rank holds at once: below the 100 000
+/// handles wasmtime lets a store hold (a rank's open files and streams
+/// count there too), so that a rank that keeps making them is refused
+/// with a message that says so, not trapped by wasmtime's own.
+pub(crate) const MAX_ENTRIES: u64 = 90_000;
+
 /// Keeps a rank's linear memory and its host tensors together within the
 /// memory limit: growing the linear memory past it traps with a
 /// [`LimitHit`] that says so; a tensor that would not fit is refused.
@@ -37,6 +43,8 @@ pub(crate) struct MemoryLimiter {
     /// The bytes of the rank's host tensors and programs, with their
     /// entries' own ([`ENTRY_BYTES`]).
     tensors: u64,
+    /// How many tensors and programs the rank holds.
+    entries: u64,
 }
 
 impl MemoryLimiter {
@@ -45,6 +53,7 @@ impl MemoryLimiter {
             max,
             linear: 0,
             tensors: 0,
+            entries: 0,
         }
     }
 
@@ -55,14 +64,31 @@ impl MemoryLimiter {
 
     /// A tensor of `bytes` was dropped.
     pub fn give_back_tensor(&mut self, bytes: u64) {
-        self.give_back(bytes + ENTRY_BYTES);
+        self.give_back_entries(1, bytes);
     }
 
     /// Count `entries` new entries of the rank's resource table (`what`:
     /// tensors, a program) holding `bytes` in all, each with its
-    /// [`ENTRY_BYTES`], or say why they do not fit.
+    /// [`ENTRY_BYTES`], or say why they do not fit: in the memory limit, or
+    /// among the [`MAX_ENTRIES`] a rank may hold.
     pub fn take_entries(&mut self, what: &str, entries: u64, bytes: u64) -> Result<(), String> {
-        self.count(what, bytes, entries.saturating_mul(ENTRY_BYTES))
+        let held = self.entries.saturating_add(entries);
+        if held > MAX_ENTRIES {
+            return Err(format!(
+                "{what} would make the rank hold more than {MAX_ENTRIES} tensors and programs at once (it holds {}); drop those it no longer uses",
+                self.entries
+            ));
+        }
+        self.count(what, bytes, entries.saturating_mul(ENTRY_BYTES))?;
+        self.entries = held;
+        Ok(())
+    }
+
+    /// `entries` counted by [`Self::take_entries`], holding `bytes` in
+    /// all, were dropped.
+    pub fn give_back_entries(&mut self, entries: u64, bytes: u64) {
+        self.entries = self.entries.saturating_sub(entries);
+        self.give_back(bytes.saturating_add(entries.saturating_mul(ENTRY_BYTES)));
     }
 
     /// Count `bytes` more of what the host keeps for the rank besides its
@@ -72,7 +98,8 @@ impl MemoryLimiter {
         self.count(what, bytes, 0)
     }
 
-    /// Count `bytes` of `what`, and `beside` bytes the host keeps for it.
+    /// Count `bytes` of `what`, and `beside` bytes the host keeps for it
+    /// (what the message names when `what` holds nothing itself).
     fn count(&mut self, what: &str, bytes: u64, beside: u64) -> Result<(), String> {
         let more = bytes.saturating_add(beside);
         let total = self
@@ -82,7 +109,7 @@ impl MemoryLimiter {
         match self.max {
             Some(max) if total > max => Err(format!(
                 "{what} of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors and programs in use)",
-                human_bytes(bytes),
+                human_bytes(if bytes > 0 { bytes } else { beside }),
                 human_bytes(max),
                 human_bytes(self.linear),
                 human_bytes(self.tensors)
@@ -197,6 +224,19 @@ mod tests {
         m.give_back_tensor(272);
         assert!(m.memory_growing(600, 1000, None).unwrap());
         assert!(MemoryLimiter::new(None).take_tensor(u64::MAX / 2).is_ok());
+    }
+
+    #[test]
+    fn tensors_and_programs_are_bounded_in_number_below_wasmtimes_handles() {
+        let mut m = MemoryLimiter::new(None);
+        m.take_entries("tensors", MAX_ENTRIES, 0).unwrap();
+        let e = m.take_tensor(0).unwrap_err();
+        assert!(e.contains("more than 90000 tensors and programs"), "{e}");
+        m.give_back_tensor(0);
+        m.take_tensor(0).unwrap();
+        // Wasmtime's own bound, which this one must stay below.
+        let store = wasmtime::Store::new(&wasmtime::Engine::default(), ());
+        assert!(store.max_component_handles() as u64 >= MAX_ENTRIES + 10_000);
     }
 
     #[test]

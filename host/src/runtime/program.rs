@@ -23,7 +23,7 @@ use super::bindings::trainhost::train::tensors::{
 };
 use super::collective::op;
 use super::kernel_calls::{Answer, Few, activation, adam_step, aliased, refused};
-use super::limits::{ENTRY_BYTES, LimitHit};
+use super::limits::LimitHit;
 use super::rank::RankState;
 use super::recording::{Kernel, MAX_KERNELS, Named, Program};
 use crate::tensor::{Tensor, check};
@@ -92,7 +92,7 @@ impl HostProgram for RankState {
         self.check_running()?;
         // The constructor has no error to return: a program that does not
         // fit stops the rank, as linear memory grown past the limit does.
-        if let Err(m) = self.memory.take("a program", ENTRY_BYTES) {
+        if let Err(m) = self.memory.take_entries("a program", 1, 0) {
             return Err(wasmtime::Error::new(LimitHit(m)));
         }
         Ok(self.table.push(Program::default())?)
@@ -377,7 +377,7 @@ impl HostProgram for RankState {
 
     fn drop(&mut self, p: Resource<Program>) -> wasmtime::Result<()> {
         let program = self.table.delete(p)?;
-        self.memory.give_back(program.bytes + ENTRY_BYTES);
+        self.memory.give_back_entries(1, program.bytes);
         Ok(())
     }
 }

@@ -10,7 +10,6 @@ use wasmtime::component::{Resource, ResourceTableError};
 
 use super::bindings::trainhost::train::tensors::TensorError;
 use super::kernel_calls::{Answer, refused};
-use super::limits::ENTRY_BYTES;
 use super::rank::RankState;
 use crate::tensor::file::{Header, write};
 use crate::tensor::{Tensor, TensorError as Refused};
@@ -93,7 +92,7 @@ impl RankState {
         let tensors = match header.read_tensors(&mut input) {
             Ok(t) => t,
             Err(e) => {
-                self.memory.give_back(bytes + count * ENTRY_BYTES);
+                self.memory.give_back_entries(count, bytes);
                 return Ok(Err(about(path, e)));
             }
         };

@@ -130,6 +130,19 @@ fn empty_programs_count_against_the_memory_limit() {
 }
 
 #[test]
+fn a_rank_holds_a_bounded_number_of_programs() {
+    let run = run(1, json!([{"program_empty": 95_000}]));
+    let e = run.result.error.clone().expect("the run fails");
+    assert_eq!(e.kind, FailureKind::Limit, "{e}");
+    assert!(
+        e.message.contains(
+            "a program would make the rank hold more than 90000 tensors and programs at once (it holds 90000); drop those it no longer uses"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_failing_rank_stops_another_inside_a_programs_long_kernel() {
     crate::tensors::stops_inside_a_long_gemm("program_gemm");
 }

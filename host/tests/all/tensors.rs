@@ -105,10 +105,26 @@ fn empty_tensors_count_against_the_memory_limit() {
     assert!(again.abs_diff(first) < 1000, "{out:?}");
     for refused in [&out[1], &out[3]] {
         assert!(
-            refused.starts_with("tensor error: out of memory: a tensor of 0 B would take the rank past its memory limit of 8 MiB"),
+            refused.starts_with("tensor error: out of memory: a tensor of 128 B would take the rank past its memory limit of 8 MiB"),
             "{out:?}"
         );
     }
+}
+
+#[test]
+fn a_rank_holds_a_bounded_number_of_tensors() {
+    // Below wasmtime's 100 000 handles a store may hold, whose trap would
+    // say nothing of tensors.
+    let run = run(1, json!([{"tensor_empty": 95_000}, {"tensor_empty": 10}]));
+    run.assert_ok();
+    let out = run.stdout(0);
+    assert_eq!(out[0], "tensor_empty: 90000 made", "{out:?}");
+    assert_eq!(
+        out[1],
+        "tensor error: out of memory: a tensor would make the rank hold more than 90000 tensors and programs at once (it holds 90000); drop those it no longer uses"
+    );
+    // Dropped, they make room again.
+    assert_eq!(out[2..], ["tensor_empty: 10 made"], "{out:?}");
 }
 
 #[test]
