@@ -22,8 +22,8 @@ impl std::error::Error for LimitHit {}
 /// What a tensor or a program costs the host besides its values: its
 /// entry in the rank's resource table, the boxed value and a tensor's
 /// shape. Counted against the memory limit with the values, so that a
-/// guest cannot hold host memory without bound in empty tensors or
-/// programs (a table holds up to a million entries).
+/// guest cannot hold host memory outside the limit in empty tensors or
+/// programs (up to [`MAX_ENTRIES`] of them).
 pub(crate) const ENTRY_BYTES: u64 = 128;
 
 /// The most tensors and programs a rank holds at once: below the 100 000
