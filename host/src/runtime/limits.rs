@@ -123,7 +123,7 @@ impl MemoryLimiter {
 
     /// Bytes counted by [`Self::take`] or [`Self::take_entries`] (with
     /// the entries' own) were freed.
-    pub fn give_back(&mut self, bytes: u64) {
+    fn give_back(&mut self, bytes: u64) {
         self.tensors = self.tensors.saturating_sub(bytes);
     }
 }
