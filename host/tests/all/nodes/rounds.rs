@@ -1,0 +1,172 @@
+//! Collective rounds over several nodes: one result everywhere, and
+//! calls that do not match, or do not come, failing every node alike
+//! (R38).
+
+use serde_json::json;
+
+use super::{have_mpiexec, mpiexec, rank_lines, scripted_args};
+
+#[test]
+fn collectives_span_the_nodes_with_one_result_everywhere() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let len = 100_000;
+    let steps = json!([
+        {"barrier": true},
+        {"broadcast": "from {rank}", "root": 3},
+        {"all_gather": "r{rank}"},
+        {"all_reduce": "s64", "len": len, "op": "sum"},
+        {"all_reduce": "f64", "len": 1000, "op": "mean"},
+        // Combined on node 0 (min and max keep trainhost's comparisons).
+        {"all_reduce": "f32", "len": 1000, "op": "max"},
+        {"report": {"done": true}},
+    ]);
+    let (ok, stdout, stderr) = mpiexec(&[(3, scripted_args(6, steps, &[]))], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    let sum = crate::collective::expected(6, "s64", "sum", len);
+    let max = crate::collective::expected(6, "f32", "max", 1000);
+    let mean: Vec<String> = (0..6)
+        .map(|r| {
+            rank_lines(&stdout, r)
+                .into_iter()
+                .filter(|l| l.starts_with("all_reduce: 1000 "))
+                .collect()
+        })
+        .collect();
+    for rank in 0..6 {
+        let lines = rank_lines(&stdout, rank);
+        for want in [
+            "barrier ok",
+            "broadcast: from 3",
+            "all_gather: r0|r1|r2|r3|r4|r5",
+            sum.as_str(),
+            max.as_str(),
+        ] {
+            assert!(lines.contains(&want), "rank {rank}: {want}\n{stdout}");
+        }
+        // Summed by MPI's all-reduce: the same bits on every rank.
+        assert_eq!(mean[rank as usize], mean[0], "{stdout}");
+    }
+}
+
+#[test]
+fn a_result_over_the_memory_limit_is_refused_on_every_node_naming_the_call() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        // 2 × 40 MiB gathered into every rank: over 64 MiB.
+        {"all_gather": "", "bytes": 40 << 20},
+        {"all_gather": "small {rank}"},
+    ]);
+    let args = scripted_args(2, steps, &["--max-memory", "64MiB"]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    let want = format!(
+        "collective error: invalid collective call: the result of all-gather of {} bytes would take",
+        40 << 20
+    );
+    for rank in 0..2 {
+        let lines = rank_lines(&stdout, rank);
+        assert!(
+            lines
+                .first()
+                .is_some_and(|l| l.starts_with(&want) && l.contains("(--max-memory)")),
+            "rank {rank}: {want}\n{stdout}"
+        );
+        assert!(
+            lines.contains(&"all_gather: small 0|small 1"),
+            "rank {rank}\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn collectives_of_host_tensors_span_the_nodes() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"tensor_all_reduce_list": [400, 600], "op": "max"},
+        {"tensor_all_reduce": 1000, "op": "sum"},
+        {"tensor_broadcast": 100, "root": 3},
+        {"report": {"done": true}},
+    ]);
+    let (ok, stdout, stderr) = mpiexec(&[(3, scripted_args(6, steps, &[]))], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    let max = crate::collective::expected(6, "f32", "max", 1000);
+    let threes: Vec<u8> = (0..100)
+        .flat_map(|i| (crate::collective::value(3, i) as f32).to_le_bytes())
+        .collect();
+    let broadcast = format!("tensor_broadcast: {:016x}", crate::collective::fnv(&threes));
+    let first = rank_lines(&stdout, 0);
+    for rank in 0..6 {
+        let lines = rank_lines(&stdout, rank);
+        assert!(lines.contains(&max.as_str()), "rank {rank}\n{stdout}");
+        assert!(lines.contains(&broadcast.as_str()), "rank {rank}\n{stdout}");
+        // The sum crosses the nodes by MPI: the same bits on every rank.
+        assert_eq!(lines, first, "rank {rank}");
+    }
+}
+
+#[test]
+fn calls_that_differ_across_nodes_fail_every_node_naming_each_rank() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"barrier": true, "ranks": [3]},
+        {"report": {"i": 0}, "ranks": [0, 1, 2]},
+    ]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, scripted_args(4, steps, &[]))], dir.path());
+    assert!(!ok, "{stdout}\n{stderr}");
+    let want = "error: the run failed: collective protocol violation: the 1st collective call does not match: rank 0 called report, rank 1 called report, rank 2 called report, rank 3 called barrier";
+    assert_eq!(
+        stderr.matches(want).count(),
+        2,
+        "on both nodes: {stdout}\n{stderr}"
+    );
+}
+
+#[test]
+fn a_node_names_its_own_ranks_by_their_rank_in_the_run() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Rank 3 (node 1's second) returns while rank 2 waits: node 1's own
+    // gate finds it.
+    let steps = json!([{"barrier": true, "ranks": [0, 1, 2]}]);
+    let (ok, stdout, stderr) = mpiexec(&[(2, scripted_args(4, steps, &[]))], dir.path());
+    assert!(!ok, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rank 3 returned from train after 0 collective calls"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("rank 1 returned"), "{stderr}");
+}
+
+#[test]
+fn a_node_whose_ranks_do_not_arrive_times_out_naming_it() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steps = json!([
+        {"sleep_ms": 60_000, "ranks": [2, 3]},
+        {"report": {"i": 0}},
+    ]);
+    let args = scripted_args(4, steps, &["--report-timeout", "1s"]);
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    assert!(!ok, "{stdout}\n{stderr}");
+    let want = "error: the run failed: collective protocol violation: the ranks on node 0 waited 1s in their 1st collective call for the ranks on node 1, which did not arrive";
+    assert_eq!(stderr.matches(want).count(), 2, "on both nodes: {stderr}");
+    // The sleeping ranks were stopped, not waited for.
+    assert!(started.elapsed() < std::time::Duration::from_secs(50));
+}
