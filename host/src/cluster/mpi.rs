@@ -22,10 +22,12 @@
 //! is seen when nobody waits for it yet (another node's failure, the next
 //! round's first call).
 //!
-//! Any thread may send with a blocking send: since every node always
-//! drains its incoming messages, a send completes however large the
-//! message is and whatever the receiving node's ranks are doing, and two
-//! nodes sending each other 64 MiB at once cannot deadlock. A thread
+//! Any thread may send, and a send returns once MPI has taken the
+//! message: since every node always drains its incoming messages (the
+//! sending thread too, while its send is pending: [`Node::send`]), a
+//! send completes however large the message is and whatever the
+//! receiving node's ranks are doing, and two nodes sending each other
+//! 64 MiB at once cannot deadlock. A thread
 //! waiting for a message gives up when its attempt stops; a blocking MPI
 //! collective could not be abandoned by a node whose peer had failed.
 //! The one collective used, an all-reduce's sum ([`Node::sum_all`]), is
@@ -288,11 +290,39 @@ impl Node {
     }
 
     /// Send `bytes` to node `to`; returns once MPI has taken them.
+    ///
+    /// A message past MPI's eager size (a few KiB over shared memory) is
+    /// taken only once the peer receives it, and the peer may be sending
+    /// to this node at that moment: in a round every node settles itself,
+    /// every node sends every other its calls at once. So the send does
+    /// not block in MPI: while it is pending, the sending thread takes
+    /// what arrives off the wire itself and files it. Left to the
+    /// receiver thread, which polls every [`IDLE_POLL`] while nobody
+    /// waits, 8 KiB all-reduces across 2 nodes took 2.5 ms a round.
     pub fn send(&self, to: u32, bytes: &[u8]) {
         let _one = self.send.lock().unwrap_or_else(|p| p.into_inner());
-        SimpleCommunicator::world()
-            .process_at_rank(to as i32)
-            .send_with_tag(bytes, TAG);
+        let world = SimpleCommunicator::world();
+        mpi::request::scope(|scope| {
+            let mut request = world
+                .process_at_rank(to as i32)
+                .immediate_send_with_tag(scope, bytes, TAG);
+            // Wants nothing: everything it takes is filed.
+            let mut nothing = |_: &Envelope| false;
+            let started = Instant::now();
+            loop {
+                request = match request.test() {
+                    Ok(_) => return,
+                    Err(pending) => pending,
+                };
+                let spin =
+                    self.inbox.poll_itself.load(Ordering::Relaxed) && started.elapsed() < PURE_SPIN;
+                match self.inbox.receive(&world, &mut nothing) {
+                    Received::Filed | Received::Wanted(_) => {}
+                    Received::Nothing if spin => std::hint::spin_loop(),
+                    Received::Nothing => std::thread::yield_now(),
+                }
+            }
+        })
     }
 
     /// The element-wise sum of `data` over every node, the same on each:
