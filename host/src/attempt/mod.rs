@@ -37,6 +37,7 @@ mod queue;
 mod recorder;
 mod restore;
 mod round;
+mod settle;
 mod shards;
 mod shipper;
 mod span;

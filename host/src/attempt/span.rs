@@ -1,34 +1,46 @@
-//! Rounds whose ranks live on several nodes (a run over several hosts).
+//! Rounds whose ranks live on several nodes (a run over several hosts):
+//! who tells whom what. What a round's calls come to is `settle.rs`.
 //!
 //! Each node's gate gathers its own ranks' calls as on one host; its
-//! leader then takes the round across nodes: it sends node 0 what its
-//! ranks called (`calls.rs`), with the data node 0 needs (the root's
-//! broadcast data, its ranks' all-gather pieces, a node's partial min or
-//! max), and waits for node 0's outcome. Node 0 matches the calls of every
-//! rank of the job (R30 across nodes), records a report (only node 0
-//! records; every node persists its own ranks' checkpoint files, see
-//! `shards.rs`), or combines the exchange, and tells every node; a sum or
-//! mean it tells every node to sum with MPI's all-reduce, each keeping its
-//! partial result for that (R38). Combining once, on node 0 or by MPI,
-//! makes results bit-identical on every rank.
+//! leader then takes the round across nodes, in one of two ways, chosen
+//! by the round's calls alone (`calls::settled_everywhere`):
+//!
+//! - A collective whose data is small enough to travel in the calls (a
+//!   barrier, a broadcast, an all-gather, an all-reduce of at most
+//!   `collective::EXCHANGED_BYTES`): every node sends every other what
+//!   its ranks called, with its data (the root's broadcast data, its
+//!   ranks' all-gather pieces, its partial all-reduce), and settles the
+//!   round itself from all of them, in node order: the same values and
+//!   the same operations give every node the same, bit-identical result.
+//! - A report, or a larger all-reduce: a node sends node 0 its calls (and
+//!   a partial min or max), and waits for node 0's outcome. Node 0
+//!   matches the calls of every rank of the job (R30 across nodes),
+//!   records a report (only node 0 records; every node persists its own
+//!   ranks' checkpoint files, see `shards.rs`), or combines the exchange,
+//!   and tells every node; a sum or mean it tells every node to sum with
+//!   MPI's all-reduce, each keeping its partial result for that (R38).
+//!
+//! Either way node 0 alone judges what goes wrong (a node that does not
+//! arrive in time, calls that do not match) and tells every node, so a
+//! node whose ranks called something else than the others learns it
+//! whichever way it waits.
 //!
 //! A leader waiting for other nodes gives up when its attempt stops: a
 //! failure anywhere reaches every node as a message (`Shared::fail`, and
 //! the watcher, which takes failures of other nodes off the link).
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::calls::{
-    NodeCalls, Settlement, Shape, arrivals_shapes, decode_settlement, encode_settlement,
-    join_parts, node_calls, shapes_text,
+    NodeCalls, Settlement, Shape, arrivals_shapes, decode_calls, decode_settlement, encode_calls,
+    encode_settlement, node_calls, settled_everywhere, shapes_text,
 };
 use super::gate::{Violation, ordinal};
 use super::round::{Arrival, Outcome, take_report};
 use super::{Shared, Span, shards};
 use crate::cluster::Link;
-use crate::cluster::wire::{self, Header, Message, Settled, Summary};
-use crate::collective::{self, Call, Exchange, Op, Reduced, Values};
+use crate::cluster::wire::{Header, Message, Settled};
+use crate::collective;
 
 impl Shared {
     /// The leader's part of a round when the run spans nodes: `arrivals`
@@ -36,27 +48,26 @@ impl Shared {
     pub(super) fn lead_across(&self, span: &Span, mut arrivals: Vec<Arrival>) -> Outcome {
         let round = self.gate.rounds();
         let link = &span.link;
+        let everywhere = settled_everywhere(&arrivals);
         let mut mine = node_calls(&mut arrivals, span.layout.world_rank(0));
-        let partial = mine.partial.take();
+        // A partial summed over the nodes by MPI stays here.
+        let elements = mine.elements;
+        let partial = mine.partial.take_if(|(values, op)| {
+            collective::sums_over_nodes(*op, elements, values.element_size())
+        });
         let shapes = arrivals_shapes(&arrivals);
-        let settlement = if link.index() == 0 {
-            let others = match self.gather(span, round) {
-                Ok(others) => others,
-                Err(Some(violation)) => {
-                    // The other nodes are waiting for this round too.
-                    let settlement = Settlement {
-                        outcome: Settled::Mismatch(violation.message().to_owned()),
-                        parts: Vec::new(),
-                    };
-                    link.send_to_others(&encode_settlement(span.attempt, round, &settlement));
-                    return Outcome::Mismatch(violation);
-                }
-                Err(None) => return Outcome::Failed,
+        let settlement = if everywhere {
+            match self.settle_everywhere(span, round, mine, arrivals, &shapes) {
+                Ok(settlement) => settlement,
+                Err(outcome) => return outcome,
+            }
+        } else if link.index() == 0 {
+            let all = match self.gather(span, round, mine) {
+                Ok(all) => all,
+                Err(outcome) => return outcome,
             };
-            let all: Vec<NodeCalls> = std::iter::once(mine).chain(others).collect();
             let settlement = self.settle(span, round, all, arrivals);
-            let message = encode_settlement(span.attempt, round, &settlement);
-            link.send_to_others(&message);
+            link.send_frame_to_others(&encode_settlement(span.attempt, round, &settlement));
             settlement
         } else {
             // Node 0 commits; this node lists its files and persists them
@@ -75,39 +86,9 @@ impl Shared {
             if mine.files.is_ok() {
                 mine.files = Ok(shards::listing(plan.as_ref()));
             }
-            let (parts, lengths) = join_parts(mine.parts);
-            link.send(
-                0,
-                &Message {
-                    header: Header::Arrive {
-                        attempt: span.attempt,
-                        round,
-                        calls: mine.calls,
-                        parts: lengths,
-                        files: mine.files,
-                    },
-                    payload: parts,
-                },
-            );
-            let over = || {
-                link.find(
-                    0,
-                    |h| matches!(h, Header::Over { attempt } if *attempt == span.attempt),
-                )
-                .is_some()
-            };
-            let Some(message) = self.follow_report(span, round, plan, over) else {
-                if over() && !self.supervisor.is_stopping() {
-                    return Outcome::Mismatch(Violation::new(format!(
-                        "the ranks on node 0 returned from train while ranks {:?} on node {} wait in their {} collective call ({})",
-                        (span.layout.world_rank(0)..span.layout.world_rank(span.layout.per_node))
-                            .collect::<Vec<_>>(),
-                        span.layout.node,
-                        ordinal(round + 1),
-                        shapes_text(&shapes),
-                    )));
-                }
-                return Outcome::Failed;
+            link.send_frame(0, &encode_calls(span.attempt, round, &mine));
+            let Some(message) = self.follow_report(span, round, plan, || node_0_over(span)) else {
+                return self.unanswered(span, round, &shapes);
             };
             match decode_settlement(message) {
                 Some(s) => s,
@@ -117,9 +98,129 @@ impl Shared {
         self.local_outcome(span, &shapes, settlement, partial)
     }
 
+    /// A round every node settles itself ([`settled_everywhere`]): send
+    /// this node's calls and data to every other node, take theirs, and
+    /// settle the round from all of them as node 0 would, each node the
+    /// same. One exchange between the nodes, where node 0's matching and
+    /// its answer would take two before the data moved.
+    ///
+    /// Node 0 still judges what goes wrong: a node that does not arrive in
+    /// time or whose ranks ended (it alone waits with a deadline, as for
+    /// any round), and calls that do not match; it then tells every node
+    /// its outcome, which a node whose ranks called something else (a
+    /// report) waits for, and which ends another node's wait for calls
+    /// that will not come: its ranks get the violation as their call's
+    /// outcome, as on the nodes that found it, rather than being stopped
+    /// by node 0's failure.
+    fn settle_everywhere(
+        &self,
+        span: &Span,
+        round: u64,
+        mine: NodeCalls,
+        arrivals: Vec<Arrival>,
+        shapes: &[Shape],
+    ) -> Result<Settlement, Outcome> {
+        let link = &span.link;
+        link.send_frame_to_others(&encode_calls(span.attempt, round, &mine));
+        let all = if link.index() == 0 {
+            self.gather(span, round, mine)?
+        } else {
+            match self.hear_everyone(span, round, mine, shapes)? {
+                Heard::All(all) => all,
+                Heard::Settled(settlement) => return Ok(settlement),
+            }
+        };
+        let settlement = self.settle(span, round, all, arrivals);
+        if link.index() == 0 && matches!(settlement.outcome, Settled::Mismatch(_)) {
+            link.send_frame_to_others(&encode_settlement(span.attempt, round, &settlement));
+        }
+        Ok(settlement)
+    }
+
+    /// Node 0: every node's calls for `round`, by node, `mine` first. If a
+    /// node does not arrive in time, or its ranks ended, every node is
+    /// told of the violation; `Err` is this node's outcome then, and if
+    /// the attempt stops first.
+    fn gather(&self, span: &Span, round: u64, mine: NodeCalls) -> Result<Vec<NodeCalls>, Outcome> {
+        match self.gather_others(span, round) {
+            Ok(others) => Ok(std::iter::once(mine).chain(others).collect()),
+            Err(Some(violation)) => {
+                // The other nodes are waiting for this round too.
+                let settlement = Settlement::of(Settled::Mismatch(violation.message().to_owned()));
+                span.link.send_frame_to_others(&encode_settlement(
+                    span.attempt,
+                    round,
+                    &settlement,
+                ));
+                Err(Outcome::Mismatch(violation))
+            }
+            Err(None) => Err(Outcome::Failed),
+        }
+    }
+
+    /// Any node but node 0, in a round every node settles: every node's
+    /// calls for `round`, by node, `mine` among them, or node 0's word if
+    /// it settled the round for everyone (a violation). `Err` if the
+    /// attempt stops, or node 0's ranks ended, first.
+    fn hear_everyone(
+        &self,
+        span: &Span,
+        round: u64,
+        mine: NodeCalls,
+        shapes: &[Shape],
+    ) -> Result<Heard, Outcome> {
+        let link = &span.link;
+        let mut all: Vec<Option<NodeCalls>> = (0..link.nodes()).map(|_| None).collect();
+        all[link.index() as usize] = Some(mine);
+        while all.iter().any(Option::is_none) {
+            let wanted = |from: u32, h: &Header| match h {
+                Header::Arrive {
+                    attempt, round: r, ..
+                } => {
+                    *attempt == span.attempt
+                        && *r == round
+                        && all.get(from as usize).is_some_and(Option::is_none)
+                }
+                Header::Settle {
+                    attempt, round: r, ..
+                } => from == 0 && *attempt == span.attempt && *r == round,
+                _ => false,
+            };
+            let Some((from, message)) = link.take(wanted, || {
+                self.supervisor.is_stopping() || node_0_over(span)
+            }) else {
+                return Err(self.unanswered(span, round, shapes));
+            };
+            if matches!(message.header, Header::Settle { .. }) {
+                return decode_settlement(message)
+                    .map(Heard::Settled)
+                    .ok_or_else(|| self.garbled());
+            }
+            all[from as usize] = Some(decode_calls(message).ok_or_else(|| self.garbled())?);
+        }
+        Ok(Heard::All(all.into_iter().flatten().collect()))
+    }
+
+    /// A node but node 0 stopped waiting for a round: node 0's ranks
+    /// returned from train while this node's wait (a violation), or the
+    /// attempt stops.
+    fn unanswered(&self, span: &Span, round: u64, shapes: &[Shape]) -> Outcome {
+        if node_0_over(span) && !self.supervisor.is_stopping() {
+            return Outcome::Mismatch(Violation::new(format!(
+                "the ranks on node 0 returned from train while ranks {:?} on node {} wait in their {} collective call ({})",
+                (span.layout.world_rank(0)..span.layout.world_rank(span.layout.per_node))
+                    .collect::<Vec<_>>(),
+                span.layout.node,
+                ordinal(round + 1),
+                shapes_text(shapes),
+            )));
+        }
+        Outcome::Failed
+    }
+
     /// Node 0: every other node's calls for `round`, by node; `None` if
     /// the attempt stops first.
-    fn gather(&self, span: &Span, round: u64) -> Result<Vec<NodeCalls>, Option<Violation>> {
+    fn gather_others(&self, span: &Span, round: u64) -> Result<Vec<NodeCalls>, Option<Violation>> {
         let link = &span.link;
         // The same limit as for the ranks of one node (R6).
         let timeout = self.gate.timeout();
@@ -163,206 +264,29 @@ impl Shared {
                         ))),
                     });
                 };
-                let Header::Arrive {
-                    calls, parts, files, ..
-                } = message.header
-                else {
-                    return Err(None);
-                };
-                let parts = wire::split(&message.payload, &parts).map_err(|_| None)?;
-                Ok(NodeCalls {
-                    calls,
-                    parts,
-                    files,
-                    partial: None,
-                    elements: 0,
-                })
+                decode_calls(message).ok_or(None)
             })
             .collect()
     }
+}
 
-    /// Node 0: match every rank's call and carry out the round.
-    fn settle(
-        &self,
-        span: &Span,
-        round: u64,
-        all: Vec<NodeCalls>,
-        mine: Vec<Arrival>,
-    ) -> Settlement {
-        let settled = |outcome| Settlement {
-            outcome,
-            parts: Vec::new(),
-        };
-        let calls: Vec<&Summary> = all.iter().flat_map(|n| &n.calls).collect();
-        let first = &calls[0].signature;
-        if calls.iter().any(|c| &c.signature != first) {
-            let each: Vec<String> = calls
-                .iter()
-                .enumerate()
-                .map(|(r, c)| format!("rank {r} called {}", c.describe))
-                .collect();
-            return settled(Settled::Mismatch(format!(
-                "the {} collective call does not match: {}",
-                ordinal(self.gate.rounds() + 1),
-                each.join(", ")
-            )));
-        }
-        let Some(Arrival::Collective(call)) = mine.first() else {
-            // Every rank reported: node 0 records.
-            let listings = all.into_iter().skip(1).map(|n| n.files).collect();
-            return settled(self.record_across(span, round, listings, mine));
-        };
-        let world = span.layout.world_size() as usize;
-        let max_memory = self.limits.max_memory;
-        // As the first rank called it: `node_calls` took the data out of
-        // the calls.
-        let described = &calls[0].describe;
-        let elements = all[0].elements;
-        match call {
-            Call::Barrier => settled(Settled::Exchanged),
-            Call::Broadcast { root, .. } => {
-                let node = (*root / span.layout.per_node) as usize;
-                match all.get(node).and_then(|n| n.parts.first()) {
-                    Some(data) => {
-                        match collective::too_large(
-                            || described.clone(),
-                            data.len() as u64,
-                            max_memory,
-                        ) {
-                            Some(message) => settled(Settled::Invalid(message)),
-                            None => Settlement {
-                                outcome: Settled::Exchanged,
-                                parts: vec![data.clone()],
-                            },
-                        }
-                    }
-                    None => settled(Settled::Invalid(format!(
-                        "broadcast from rank {root}, but the run has ranks 0 to {}",
-                        world - 1
-                    ))),
-                }
-            }
-            Call::AllGather { .. } => {
-                let pieces: Vec<Vec<u8>> = all.iter().flat_map(|n| n.parts.clone()).collect();
-                let bytes = pieces.iter().map(|p| p.len() as u64 + 8).sum();
-                match collective::too_large(|| described.clone(), bytes, max_memory) {
-                    Some(message) => settled(Settled::Invalid(message)),
-                    None => Settlement {
-                        outcome: Settled::Exchanged,
-                        parts: pieces,
-                    },
-                }
-            }
-            Call::AllReduce { values, op } => {
-                if *op == Op::Mean && matches!(values, Values::S64(_)) {
-                    return settled(Settled::Invalid(
-                        "the mean of s64 values is not an s64; all-reduce the sum and divide"
-                            .into(),
-                    ));
-                }
-                let bytes = elements as u64 * values.element_size();
-                if let Some(message) =
-                    collective::too_large(|| described.clone(), bytes, max_memory)
-                {
-                    return settled(Settled::Invalid(message));
-                }
-                if collective::sums_over_nodes(*op, elements) {
-                    // Every node's signature is this one: each kept its
-                    // partial for MPI.
-                    return settled(Settled::SumOverNodes);
-                }
-                let partials: Option<Vec<Values>> = all
-                    .iter()
-                    .map(|n| Values::from_le_bytes(values, n.parts.first()?))
-                    .collect();
-                match partials {
-                    Some(partials) if partials.iter().all(|p| p.len() == elements) => {
-                        let result = collective::combine_in_order(partials, *op, world);
-                        Settlement {
-                            outcome: Settled::Exchanged,
-                            parts: vec![result.to_le_bytes()],
-                        }
-                    }
-                    _ => settled(Settled::Mismatch(
-                        "a node sent an all-reduce's partial result of the wrong size".into(),
-                    )),
-                }
-            }
-        }
-    }
+/// How a node but node 0 heard a round every node settles.
+enum Heard {
+    /// Every node's calls, by node.
+    All(Vec<NodeCalls>),
+    /// Node 0's outcome for every node.
+    Settled(Settlement),
+}
 
-    /// This node's outcome of a settled round. `shapes` are its ranks'
-    /// calls (without their data), to read the data node 0 sent;
-    /// `partial` the node's partial all-reduce, if it kept it to sum over
-    /// the nodes.
-    fn local_outcome(
-        &self,
-        span: &Span,
-        shapes: &[Shape],
-        settlement: Settlement,
-        partial: Option<(Values, Op)>,
-    ) -> Outcome {
-        let Settlement { outcome, parts } = settlement;
-        match outcome {
-            Settled::Recorded { preempt_after } => {
-                // Latched on node 0: every rank sees the request after the
-                // same report, on every node.
-                if let Some(after) = preempt_after {
-                    self.preempt_after.get_or_init(|| after);
-                }
-                Outcome::Recorded
-            }
-            Settled::Refused(message) => Outcome::RefusedElsewhere(message),
-            Settled::Failed => {
-                // Node 0 failed recording; its failure reaches this node.
-                Outcome::Failed
-            }
-            Settled::Invalid(message) => Outcome::Invalid(message),
-            Settled::Mismatch(message) => Outcome::Mismatch(Violation::new(message)),
-            Settled::SumOverNodes => {
-                let Some((values, op)) = partial else {
-                    return self.garbled();
-                };
-                let link = &span.link;
-                let summed = match values {
-                    Values::F32(v) => Values::F32(link.sum_over_nodes(&v)),
-                    Values::F32Parts(parts) => Values::F32(link.sum_over_nodes(&parts.concat())),
-                    Values::F64(v) => Values::F64(link.sum_over_nodes(&v)),
-                    Values::S64(v) => Values::S64(link.sum_over_nodes(&v)),
-                };
-                let world = span.layout.world_size() as usize;
-                let result = collective::finish_sum(summed, op, world);
-                Outcome::Exchanged(Arc::new(Exchange::Reduced(Reduced::new(
-                    result,
-                    shapes.len(),
-                ))))
-            }
-            Settled::Exchanged => {
-                let exchange = match shapes.first() {
-                    Some(Shape::Barrier) | None => Exchange::Barrier,
-                    Some(Shape::Broadcast) => {
-                        Exchange::Broadcast(parts.into_iter().next().unwrap_or_default())
-                    }
-                    Some(Shape::AllGather) => Exchange::AllGather(parts),
-                    Some(Shape::AllReduce(like)) => {
-                        match parts.first().and_then(|p| Values::from_le_bytes(like, p)) {
-                            Some(values) => Exchange::Reduced(Reduced::new(values, shapes.len())),
-                            None => return self.garbled(),
-                        }
-                    }
-                    Some(Shape::Report) => return self.garbled(),
-                };
-                Outcome::Exchanged(Arc::new(exchange))
-            }
-        }
-    }
-
-    /// A message from node 0 did not make sense: a bug, which fails the run.
-    fn garbled(&self) -> Outcome {
-        let violation =
-            Violation::new("node 0 answered a round with a message this node cannot read".into());
-        Outcome::Mismatch(violation)
-    }
+/// Whether node 0's ranks have all ended the attempt: a node waiting for a
+/// round then waits in vain.
+fn node_0_over(span: &Span) -> bool {
+    span.link
+        .find(
+            0,
+            |h| matches!(h, Header::Over { attempt } if *attempt == span.attempt),
+        )
+        .is_some()
 }
 
 /// Pass stop requests between the nodes: one made here (a signal to this

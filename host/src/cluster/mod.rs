@@ -120,7 +120,7 @@ use std::cell::OnceCell;
 use std::time::Duration;
 
 use crate::error::Error;
-use wire::{Header, Message};
+use wire::{Frame, Header, Message};
 
 /// This process among those a launcher started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,14 +277,23 @@ impl Link {
 
     /// Send `message` to node `to`.
     pub fn send(&self, to: u32, message: &Message) {
-        self.transport.send(to, &message.encode());
+        self.send_frame(to, &message.encode());
     }
 
     /// Send `message` to every other node.
     pub fn send_to_others(&self, message: &Message) {
-        let bytes = message.encode();
+        self.send_frame_to_others(&message.encode());
+    }
+
+    /// Send a message framed already to node `to`.
+    pub fn send_frame(&self, to: u32, frame: &Frame) {
+        self.transport.send(to, frame.bytes());
+    }
+
+    /// Send a message framed already to every other node.
+    pub fn send_frame_to_others(&self, frame: &Frame) {
         for to in (0..self.nodes).filter(|n| *n != self.index) {
-            self.transport.send(to, &bytes);
+            self.transport.send(to, frame.bytes());
         }
     }
 
@@ -431,7 +440,7 @@ mod tests {
             header: Header::Over { attempt: 3 },
             payload: vec![1, 2, 3],
         };
-        let envelope = Envelope::new(1, message.encode());
+        let envelope = Envelope::new(1, message.encode().bytes().to_vec());
         let mut wanted = accepting(|from, h| from == 1 && matches!(h, Header::Over { .. }));
         assert!(wanted(&envelope));
         assert!(envelope.header.get().is_some(), "read once, kept");

@@ -211,23 +211,46 @@ impl Message {
         }
     }
 
-    /// `[header length: u32 LE][header][payload]`, the header written in
-    /// place (most are well under 256 bytes).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(4 + 256 + self.payload.len());
-        out.extend_from_slice(&[0; 4]);
-        self.header.encode_into(&mut out);
-        let header = (out.len() - 4) as u32;
-        out[..4].copy_from_slice(&header.to_le_bytes());
-        out.extend_from_slice(&self.payload);
-        out
+    /// The message as sent.
+    pub fn encode(&self) -> Frame {
+        Frame::new(&self.header, self.payload.len(), |out| {
+            out.extend_from_slice(&self.payload)
+        })
     }
 
-    /// The message of `bytes`, whose header [`peek`] read already.
+    /// The message of `bytes`, whose header [`peek`] read already. The
+    /// payload stays in the frame's buffer: the header is taken off its
+    /// front, without a buffer of its own.
     pub fn after_peek(header: Header, mut bytes: Vec<u8>) -> Result<Self, Garbled> {
         let end = header_end(&bytes)?;
-        let payload = bytes.split_off(end);
-        Ok(Self { header, payload })
+        bytes.drain(..end);
+        Ok(Self {
+            header,
+            payload: bytes,
+        })
+    }
+}
+
+/// A message as sent: `[header length: u32 LE][header][payload]`.
+pub(crate) struct Frame(Vec<u8>);
+
+impl Frame {
+    /// `header`, then the `payload_len` bytes `write` appends, written in
+    /// place: a round's data is copied once, into the frame, and not
+    /// into a payload of its own first.
+    pub fn new(header: &Header, payload_len: usize, write: impl FnOnce(&mut Vec<u8>)) -> Self {
+        // Most headers are well under 256 bytes.
+        let mut out = Vec::with_capacity(4 + 256 + payload_len);
+        out.extend_from_slice(&[0; 4]);
+        header.encode_into(&mut out);
+        let header = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&header.to_le_bytes());
+        write(&mut out);
+        Self(out)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -248,8 +271,14 @@ pub(crate) fn peek(bytes: &[u8]) -> Option<Header> {
     Header::decode(&bytes[4..header_end(bytes).ok()?]).ok()
 }
 
-/// Split `payload` into pieces of the given lengths.
-pub(crate) fn split(payload: &[u8], parts: &[u64]) -> Result<Vec<Vec<u8>>, Garbled> {
+/// Split `payload` into pieces of the given lengths; one piece of the
+/// whole is the payload itself, not a copy.
+pub(crate) fn split(payload: Vec<u8>, parts: &[u64]) -> Result<Vec<Vec<u8>>, Garbled> {
+    if let [len] = parts
+        && *len == payload.len() as u64
+    {
+        return Ok(vec![payload]);
+    }
     let mut out = Vec::with_capacity(parts.len());
     let mut at = 0usize;
     for &len in parts {
@@ -296,20 +325,25 @@ mod tests {
             },
             payload: vec![1, 2, 3, 4, 5],
         };
-        let back = Message::decode(m.encode()).unwrap();
+        let back = Message::decode(m.encode().0).unwrap();
         assert_eq!(back, m);
         assert_eq!(
-            split(&back.payload, &[3, 0, 2]).unwrap(),
+            split(back.payload.clone(), &[3, 0, 2]).unwrap(),
             vec![vec![1, 2, 3], vec![], vec![4, 5]]
         );
-        assert!(split(&back.payload, &[6]).is_err());
+        assert_eq!(
+            split(back.payload.clone(), &[5]).unwrap(),
+            vec![back.payload.clone()]
+        );
+        assert!(split(back.payload.clone(), &[6]).is_err());
+        assert!(split(back.payload, &[2, 4]).is_err());
         assert!(Message::decode(vec![1]).is_err());
         assert!(Message::decode(vec![200, 0, 0, 0, b'{']).is_err());
         assert!(Message::decode(vec![1, 0, 0, 0, b'x']).is_err());
     }
 
     fn header_bytes(header: &Header) -> Vec<u8> {
-        let frame = Message::new(header.clone()).encode();
+        let frame = Message::new(header.clone()).encode().0;
         let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
         frame[4..4 + len].to_vec()
     }
@@ -372,8 +406,8 @@ mod tests {
                 header: header.clone(),
                 payload: vec![9; 3],
             };
-            assert_eq!(Message::decode(message.encode()).unwrap(), message);
-            assert_eq!(peek(&message.encode()), Some(header));
+            assert_eq!(Message::decode(message.encode().0).unwrap(), message);
+            assert_eq!(peek(message.encode().bytes()), Some(header));
         }
         // An older node's JSON header still reads.
         let json = serde_json::to_vec(&Header::Over { attempt: 4 }).unwrap();

@@ -23,7 +23,7 @@ mod span;
 use std::sync::Arc;
 
 pub(crate) use reduce::Reduction;
-pub(crate) use span::{combine_in_order, finish_sum, partial, sums_over_nodes};
+pub(crate) use span::{combine_in_order, exchanged, finish_sum, partial, sums_over_nodes};
 
 /// How an all-reduce combines values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
