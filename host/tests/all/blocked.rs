@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use trainhost::{FailureKind, Interruption, Preemption, ResourceLimits, RunConfig, TrainResult};
+use trainhost::{FailureKind, Interruption, ResourceLimits, RunConfig, TrainResult};
 
 use crate::util::*;
 
@@ -91,21 +91,10 @@ fn another_ranks_failure_stops_a_sleeping_rank_in_both_interruption_modes() {
 fn preemptions_grace_period_stops_a_sleeping_rank() {
     for interruption in [Interruption::Anywhere, Interruption::AtHostCalls] {
         let (builder, storage, lines) = scripted(1, json!([asleep()]));
-        let preemption = Preemption::new();
-        let builder = builder
-            .preemption(preemption.clone())
-            .run_config(RunConfig {
-                name: Some("t".into()),
-                storage_path: storage.path().display().to_string(),
-                preemption_grace: Duration::from_secs(1),
-                interruption,
-                ..RunConfig::default()
-            });
+        let (builder, preemption) =
+            preemptible_by(builder, &storage, Duration::from_secs(1), interruption);
         let started = Instant::now();
-        let asking = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(500));
-            preemption.request();
-        });
+        let asking = request_after(&preemption, Duration::from_millis(500));
         let run = finish(builder, storage, lines);
         asking.join().unwrap();
         let took = started.elapsed();

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use trainhost::{FailureConfig, FailureKind, Interruption, MaxFailures, Preemption, RunConfig};
+use trainhost::{FailureConfig, FailureKind, Interruption, MaxFailures, RunConfig};
 
 use crate::util::*;
 
@@ -398,20 +398,13 @@ fn a_lone_ranks_tensor_all_reduce_is_aborted_when_the_run_stops() {
     // Interrupted only in host calls, so that the guest surely runs on
     // after the error and makes its next call.
     let (builder, storage, lines) = scripted(1, json!([{"collective_until_stopped": "tensor"}]));
-    let preemption = Preemption::new();
-    let builder = builder
-        .preemption(preemption.clone())
-        .run_config(RunConfig {
-            name: Some("t".into()),
-            storage_path: storage.path().display().to_string(),
-            interruption: Interruption::AtHostCalls,
-            preemption_grace: Duration::from_millis(100),
-            ..Default::default()
-        });
-    let asking = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(200));
-        preemption.request();
-    });
+    let (builder, preemption) = preemptible_by(
+        builder,
+        &storage,
+        Duration::from_millis(100),
+        Interruption::AtHostCalls,
+    );
+    let asking = request_after(&preemption, Duration::from_millis(200));
     let run = finish(builder, storage, lines);
     asking.join().unwrap();
     assert!(run.result.preempted, "{:?}", run.result.error);

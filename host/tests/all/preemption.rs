@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use trainhost::{Preemption, RunConfig};
+use trainhost::{Interruption, Preemption, RunConfig};
 
 use crate::util::*;
 
@@ -13,24 +13,9 @@ fn preemptible(
     steps: serde_json::Value,
     grace: Duration,
 ) -> (Run, Preemption, Duration) {
-    let preemption = Preemption::new();
     let (builder, storage, lines) = scripted(workers, steps);
-    let builder = builder
-        .run_config(RunConfig {
-            name: Some("t".into()),
-            storage_path: storage.path().display().to_string(),
-            preemption_grace: grace,
-            ..Default::default()
-        })
-        .preemption(preemption.clone());
-    let requester = {
-        let p = preemption.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            p.request();
-            Instant::now()
-        })
-    };
+    let (builder, preemption) = preemptible_by(builder, &storage, grace, Interruption::default());
+    let requester = request_after(&preemption, Duration::from_millis(300));
     let run = finish(builder, storage, lines);
     let requested_at = requester.join().unwrap();
     (run, preemption, requested_at.elapsed())

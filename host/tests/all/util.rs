@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use trainhost::{
-    MetricValue, OutputSink, RunConfig, ScalingConfig, Stream, TrainResult, Trainer, TrainerBuilder,
+    Interruption, MetricValue, OutputSink, Preemption, RunConfig, ScalingConfig, Stream,
+    TrainResult, Trainer, TrainerBuilder,
 };
 
 pub use trainhost_test_artifacts::{LINEAR_REGRESSION, QUICKSTART, TEST_GUEST};
@@ -100,6 +101,42 @@ pub fn scripted(workers: u32, steps: Value) -> (TrainerBuilder, tempfile::TempDi
         })
         .output(lines.clone());
     (builder, storage, lines)
+}
+
+/// The scripted guest's trainer of [`scripted`], which the returned
+/// handle asks to stop, with `grace` to stop in, its ranks interrupted
+/// as `interruption` says.
+pub fn preemptible_by(
+    builder: TrainerBuilder,
+    storage: &tempfile::TempDir,
+    grace: Duration,
+    interruption: Interruption,
+) -> (TrainerBuilder, Preemption) {
+    let preemption = Preemption::new();
+    let builder = builder
+        .preemption(preemption.clone())
+        .run_config(RunConfig {
+            name: Some("t".into()),
+            storage_path: storage.path().display().to_string(),
+            preemption_grace: grace,
+            interruption,
+            ..Default::default()
+        });
+    (builder, preemption)
+}
+
+/// Ask `preemption` to stop the run `after` from now, from another
+/// thread; joined, it gives when it asked.
+pub fn request_after(
+    preemption: &Preemption,
+    after: Duration,
+) -> std::thread::JoinHandle<std::time::Instant> {
+    let preemption = preemption.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        preemption.request();
+        std::time::Instant::now()
+    })
 }
 
 /// The scripted guest's trainer of [`scripted`] with the ranks' memory
