@@ -16,6 +16,11 @@ use trainhost_test_artifacts::DIGITS_MLP;
 
 mod rounds;
 
+/// Seconds after which MPICH's mpiexec ends a job of these tests: a node
+/// that waits forever (a protocol bug) fails its test instead of hanging
+/// the test run.
+const MPIEXEC_TIMEOUT: &str = "300";
+
 /// Whether `mpiexec` can be run (else the test is skipped, or fails in CI).
 pub(super) fn have_mpiexec() -> bool {
     if Command::new("mpiexec").arg("--version").output().is_ok() {
@@ -56,9 +61,7 @@ fn mpiexec_logging(
         .current_dir(dir)
         .env("RUST_LOG", log)
         .env("TRAINHOST_CACHE_DIR", dir.join("compile-cache"))
-        // A node that waits forever (a protocol bug) fails the test
-        // instead of hanging it: MPICH's mpiexec kills the job.
-        .env("MPIEXEC_TIMEOUT", "300")
+        .env("MPIEXEC_TIMEOUT", MPIEXEC_TIMEOUT)
         .output()
         .unwrap();
     (
@@ -375,6 +378,7 @@ fn storage_that_is_not_shared_refuses_to_start() {
     }
     let out = command
         .env("TRAINHOST_CACHE_DIR", dir.path().join("compile-cache"))
+        .env("MPIEXEC_TIMEOUT", MPIEXEC_TIMEOUT)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -462,6 +466,7 @@ fn a_stop_requested_on_one_node_reaches_every_rank_on_every_node() {
         .current_dir(&dir_path)
         .env("RUST_LOG", "warn")
         .env("TRAINHOST_CACHE_DIR", dir_path.join("compile-cache"))
+        .env("MPIEXEC_TIMEOUT", MPIEXEC_TIMEOUT)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -518,7 +523,8 @@ fn sharded_example(dir: &Path) -> Command {
         .args(["--storage", "st", "--name", "t", "--num-to-keep", "2"])
         .current_dir(dir)
         .env("RUST_LOG", "warn")
-        .env("TRAINHOST_CACHE_DIR", dir.join("compile-cache"));
+        .env("TRAINHOST_CACHE_DIR", dir.join("compile-cache"))
+        .env("MPIEXEC_TIMEOUT", MPIEXEC_TIMEOUT);
     command
 }
 
