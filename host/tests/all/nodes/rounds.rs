@@ -201,8 +201,9 @@ fn a_node_whose_ranks_do_not_arrive_times_out_naming_it() {
 /// Calls that differ where nodes wait for the round in different ways:
 /// a node whose ranks call a collective that travels in the calls
 /// exchanges them with every node, one whose ranks report waits for node
-/// 0's word. Every node must still fail with the same message, and none
-/// wait for calls that never come (`mpiexec` would time out).
+/// 0's word. Every node must still fail with the same message, none
+/// wait for calls that never come (`mpiexec` would time out), and every
+/// rank's collective call return that message as its error.
 #[test]
 fn calls_that_differ_fail_every_node_whichever_way_it_waits() {
     if !have_mpiexec() {
@@ -247,7 +248,10 @@ fn calls_that_differ_fail_every_node_whichever_way_it_waits() {
                 call
             })
             .collect();
-        let (ok, stdout, stderr) = mpiexec(&[(3, scripted_args(3, json!(steps), &[]))], dir.path());
+        // Without epochs a rank told to stop runs on to its next call of
+        // trainhost: its guest prints the error its call returned before.
+        let args = scripted_args(3, json!(steps), &["--interrupt", "host-calls"]);
+        let (ok, stdout, stderr) = mpiexec(&[(3, args)], dir.path());
         assert!(!ok, "{stdout}\n{stderr}");
         let violation = format!(
             "collective protocol violation: the 1st collective call does not match: {want}"
@@ -259,6 +263,15 @@ fn calls_that_differ_fail_every_node_whichever_way_it_waits() {
             3,
             "on every node: {violation}\n{stdout}\n{stderr}"
         );
+        // Each rank that called a collective gets the violation as its
+        // call's error, on whichever node and however it waited: node 0
+        // tells a node waiting for calls that never come to it.
+        for (rank, step) in steps.iter().enumerate() {
+            if step.get("report").is_none() {
+                let line = format!("[rank {rank}] collective error: {violation}");
+                assert!(stdout.contains(&line), "{line}\n{stdout}\n{stderr}");
+            }
+        }
     }
 }
 
