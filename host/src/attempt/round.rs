@@ -84,6 +84,16 @@ pub(super) enum Outcome {
     Invalid(String),
     /// The calls do not match: every rank fails the run with this.
     Mismatch(Violation),
+    /// The same in a round across nodes, settled with it: every node
+    /// learns it from the round itself (node 0 sends every node its
+    /// settlement of a violation, and a node holding every node's calls
+    /// finds calls that differ as node 0 does). The failure is then not
+    /// sent to the other nodes: sent by a node that heard node 0, it could
+    /// reach a third node before node 0's settlement does and stop its
+    /// ranks without the violation (R30: every rank of the round gets it).
+    /// Node 0 still sends the failures it finds waiting (a node that does
+    /// not come to the round is told by that).
+    MismatchEverywhere(Violation),
 }
 
 impl Shared {
@@ -149,6 +159,10 @@ impl Shared {
                 // Every rank of a mismatched round gets here; the first
                 // failure is the one kept.
                 self.fail_protocol(violation.clone());
+                Err(Some(violation))
+            }
+            Ok(Outcome::MismatchEverywhere(violation)) => {
+                self.fail_here(protocol_failure(&violation));
                 Err(Some(violation))
             }
             Ok(Outcome::Failed) | Err(Err(Aborted)) => Err(None),
@@ -229,11 +243,7 @@ impl Shared {
 
     /// Ranks broke the protocol: the message names them all.
     pub(super) fn fail_protocol(&self, violation: Violation) {
-        self.fail(RunFailure {
-            rank: None,
-            kind: FailureKind::Protocol,
-            message: violation.to_string(),
-        });
+        self.fail(protocol_failure(&violation));
     }
 
     /// Why the attempt is stopping, for a rank released from a collective.
@@ -243,5 +253,14 @@ impl Shared {
             None => "the run is stopping: preemption's grace period ran out or the run was stopped"
                 .into(),
         }
+    }
+}
+
+/// The run's failure for a violation of the protocol.
+fn protocol_failure(violation: &Violation) -> RunFailure {
+    RunFailure {
+        rank: None,
+        kind: FailureKind::Protocol,
+        message: violation.to_string(),
     }
 }

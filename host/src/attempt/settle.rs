@@ -142,7 +142,7 @@ impl Shared {
                 Outcome::Failed
             }
             Settled::Invalid(message) => Outcome::Invalid(message),
-            Settled::Mismatch(message) => Outcome::Mismatch(Violation::new(message)),
+            Settled::Mismatch(message) => Outcome::MismatchEverywhere(Violation::new(message)),
             Settled::SumOverNodes => {
                 let Some((values, op)) = partial else {
                     return self.garbled();
