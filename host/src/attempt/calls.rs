@@ -218,14 +218,17 @@ fn frame(
 }
 
 /// A node's calls as it sends them (its data copied into the frame: a
-/// node settling the round itself needs it after).
-pub(super) fn encode_calls(attempt: u64, round: u64, calls: &NodeCalls) -> Frame {
+/// node settling the round itself needs it after). A report's listing of
+/// files is moved into the frame: only node 0 needs it, and node 0 sends
+/// none.
+pub(super) fn encode_calls(attempt: u64, round: u64, calls: &mut NodeCalls) -> Frame {
+    let files = std::mem::replace(&mut calls.files, Ok(Vec::new()));
     let header = |parts| Header::Arrive {
         attempt,
         round,
         calls: calls.calls.clone(),
         parts,
-        files: calls.files.clone(),
+        files,
     };
     let values = calls.partial.as_ref().map(|(values, _)| values);
     frame(header, values, &calls.parts)

@@ -86,7 +86,7 @@ impl Shared {
             if mine.files.is_ok() {
                 mine.files = Ok(shards::listing(plan.as_ref()));
             }
-            link.send_frame(0, &encode_calls(span.attempt, round, &mine));
+            link.send_frame(0, &encode_calls(span.attempt, round, &mut mine));
             let Some(message) = self.follow_report(span, round, plan, || node_0_over(span)) else {
                 return self.unanswered(span, round, &shapes);
             };
@@ -116,12 +116,12 @@ impl Shared {
         &self,
         span: &Span,
         round: u64,
-        mine: NodeCalls,
+        mut mine: NodeCalls,
         arrivals: Vec<Arrival>,
         shapes: &[Shape],
     ) -> Result<Settlement, Outcome> {
         let link = &span.link;
-        link.send_frame_to_others(&encode_calls(span.attempt, round, &mine));
+        link.send_frame_to_others(&encode_calls(span.attempt, round, &mut mine));
         let all = if link.index() == 0 {
             self.gather(span, round, mine)?
         } else {
