@@ -51,11 +51,15 @@ struct Args {
     /// program.
     #[arg(long, value_name = "FILE")]
     trainhost: Option<PathBuf>,
-    /// Compare two results files instead of running: which ratios of NEW
-    /// fall outside the range OLD states, and which verdicts changed
-    /// (e.g. --compare BENCHMARKS.md mine.md after a run with --write
-    /// mine.md).
-    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"])]
+    /// Compare results files instead of running: which ratios of NEW (the
+    /// last file) fall outside the range OLD states, and which verdicts
+    /// changed (e.g. --compare BENCHMARKS.md mine.md after a run with
+    /// --write mine.md). With several OLD files, oldest first, a row's
+    /// range is the union of theirs: how far it moved over those runs
+    /// (earlier versions of BENCHMARKS.md: `git log -- BENCHMARKS.md`,
+    /// `git show COMMIT:BENCHMARKS.md`); verdicts are compared with the
+    /// last.
+    #[arg(long, num_args = 2.., value_names = ["OLD", "NEW"])]
     compare: Vec<PathBuf>,
     /// Internal: run N ranks once and print wall time and peak memory.
     #[arg(long, hide = true, value_name = "N")]
@@ -81,7 +85,9 @@ fn main() -> Result<()> {
     if let Some(n) = args.child_ranks {
         return ranks::child_ranks(n, args.child_cache.as_deref());
     }
-    if let [old, new] = &args.compare[..] {
+    if let [old @ .., new] = &args.compare[..]
+        && !old.is_empty()
+    {
         print!("{}", compare::compare(old, new)?);
         return Ok(());
     }
