@@ -316,6 +316,10 @@ pub(super) fn share_preemption(shared: &Shared, span: &Span) {
 
 /// Tell the other nodes that this attempt failed here.
 pub(super) fn tell_failure(link: &Link, attempt: u64, failure: &crate::failure::RunFailure) {
+    tracing::debug!(
+        attempt,
+        "telling the other nodes this node's failure: {failure}"
+    );
     link.send_to_others(&Message::new(Header::Failed {
         attempt,
         failure: failure.clone(),

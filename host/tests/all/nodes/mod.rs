@@ -34,6 +34,12 @@ pub(super) fn have_mpiexec() -> bool {
     false
 }
 
+/// `RUST_LOG` for runs whose test reads trainhost's debug lines.
+const DEBUG: &str = "warn,trainhost=debug";
+
+/// What a node logs (at debug) when it sends its failure to the others.
+const TOLD: &str = "telling the other nodes this node's failure";
+
 /// `mpiexec` with `sections`, each `(processes, trainhost run arguments)`
 /// (several sections give nodes different arguments), in `dir`.
 pub(super) fn mpiexec(sections: &[(u32, Vec<String>)], dir: &Path) -> (bool, String, String) {
@@ -173,8 +179,10 @@ fn a_trap_on_one_node_restarts_every_node_from_the_checkpoint() {
         {"print": "done in attempt {attempt}"},
     ]);
     let args = scripted_args(4, steps, &["--max-failures", "1"]);
-    let (ok, stdout, stderr) = mpiexec(&[(2, args)], dir.path());
+    let (ok, stdout, stderr) = mpiexec_logging(&[(2, args)], dir.path(), DEBUG);
     assert!(ok, "{stdout}\n{stderr}");
+    // Node 1's trap reaches node 0 as its failure.
+    assert!(stderr.contains(TOLD), "{stderr}");
     // Attempt 1 restored the checkpoint node 0 committed, on every node.
     let sum = crate::collective::expected(4, "s64", "sum", 10);
     for rank in 0..4 {

@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::{have_mpiexec, mpiexec, rank_lines, scripted_args};
+use super::{DEBUG, TOLD, have_mpiexec, mpiexec, mpiexec_logging, rank_lines, scripted_args};
 
 #[test]
 fn collectives_span_the_nodes_with_one_result_everywhere() {
@@ -251,8 +251,11 @@ fn calls_that_differ_fail_every_node_whichever_way_it_waits() {
         // Without epochs a rank told to stop runs on to its next call of
         // trainhost: its guest prints the error its call returned before.
         let args = scripted_args(3, json!(steps), &["--interrupt", "host-calls"]);
-        let (ok, stdout, stderr) = mpiexec(&[(3, args)], dir.path());
+        let (ok, stdout, stderr) = mpiexec_logging(&[(3, args)], dir.path(), DEBUG);
         assert!(!ok, "{stdout}\n{stderr}");
+        // Each node learns the violation from the round, none from another
+        // node's failure, which could overtake node 0's word.
+        assert!(!stderr.contains(TOLD), "{stderr}");
         let violation = format!(
             "collective protocol violation: the 1st collective call does not match: {want}"
         );
