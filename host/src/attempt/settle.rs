@@ -148,12 +148,13 @@ impl Shared {
                     return self.garbled();
                 };
                 let link = &span.link;
-                let summed = match values {
-                    Values::F32(v) => Values::F32(link.sum_over_nodes(&v)),
-                    Values::F32Parts(parts) => Values::F32(link.sum_over_nodes(&parts.concat())),
-                    Values::F64(v) => Values::F64(link.sum_over_nodes(&v)),
-                    Values::S64(v) => Values::S64(link.sum_over_nodes(&v)),
-                };
+                let mut summed = values.into_flat();
+                match &mut summed {
+                    Values::F32(v) => link.sum_over_nodes(v),
+                    Values::F64(v) => link.sum_over_nodes(v),
+                    Values::S64(v) => link.sum_over_nodes(v),
+                    Values::F32Parts(_) => unreachable!("flattened above"),
+                }
                 let world = span.layout.world_size() as usize;
                 let result = collective::finish_sum(summed, op, world);
                 Outcome::Exchanged(Arc::new(Exchange::Reduced(Reduced::new(

@@ -93,7 +93,7 @@ mod absent {
             match *self {}
         }
 
-        pub fn sum_all<T>(&self, _data: &[T]) -> Vec<T> {
+        pub fn sum_all<T>(&self, _data: &mut [T]) {
             match *self {}
         }
     }
@@ -339,12 +339,12 @@ impl Link {
         })
     }
 
-    /// The element-wise sum of `data` over every node, the same on each
-    /// (MPI_Allreduce). Every node must call it in the same round with as
+    /// Replace `data` with its element-wise sum over every node, the same
+    /// on each (MPI_Allreduce, in place). Every node must call it in the same round with as
     /// many elements, at most [`MAX_SUMMED`]; it blocks until all have: call
     /// it only once node 0 has told every node to (no node can then be
     /// kept from it but by dying, which ends the job).
-    pub fn sum_over_nodes<T: Summable>(&self, data: &[T]) -> Vec<T> {
+    pub fn sum_over_nodes<T: Summable>(&self, data: &mut [T]) {
         self.transport.sum_all(data)
     }
 
