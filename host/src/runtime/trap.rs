@@ -11,7 +11,10 @@
 /// The failure message of a rank that trapped with `error`, whose stderr
 /// ended with `stderr_tail`.
 pub(super) fn describe(error: &wasmtime::Error, stderr_tail: &[String]) -> String {
-    let cause = error.root_cause().to_string();
+    let mut cause = error.root_cause().to_string();
+    if let Some(remedy) = remedy(&cause) {
+        cause = format!("{cause}: {remedy}");
+    }
     let first = panic_in(stderr_tail).unwrap_or_else(|| cause.clone());
     // `{:#}`: the trap and the guest's wasm backtrace. Not `{:?}`, which
     // with RUST_BACKTRACE set also symbolizes the host's own stack: noise
@@ -22,6 +25,18 @@ pub(super) fn describe(error: &wasmtime::Error, stderr_tail: &[String]) -> Strin
         message.push_str(&stderr_tail.join("\n  "));
     }
     message
+}
+
+/// What to do about a trap wasmtime raised for a limit of its own, whose
+/// message does not say.
+fn remedy(cause: &str) -> Option<&'static str> {
+    // Each handle the guest holds counts: files and directories it opened,
+    // their streams, pollables, tensors and programs.
+    cause.contains("store handle limit exceeded").then_some(
+        "the rank held more handles at once than wasmtime allows a rank \
+         (files and directories it opened, streams, pollables, tensors, \
+         programs); close or drop those it no longer uses",
+    )
 }
 
 /// The last Rust panic in `lines`, as `panicked at FILE:LINE:COL: MESSAGE`
@@ -69,6 +84,29 @@ mod tests {
             Some("panicked at src/lib.rs:228:9: loss is NaN")
         );
         assert!(message.contains("last lines of its stderr:\n  about to give up"));
+    }
+
+    #[test]
+    fn a_trap_for_wasmtimes_handle_limit_says_what_to_do() {
+        let trap =
+            wasmtime::Error::msg("cannot allocate another handle: store handle limit exceeded");
+        let message = describe(&trap, &[]);
+        assert_eq!(
+            message.lines().next(),
+            Some(
+                "cannot allocate another handle: store handle limit exceeded: the rank held more \
+                 handles at once than wasmtime allows a rank (files and directories it opened, \
+                 streams, pollables, tensors, programs); close or drop those it no longer uses"
+            )
+        );
+        let other = describe(
+            &wasmtime::Error::msg("wasm trap: integer divide by zero"),
+            &[],
+        );
+        assert_eq!(
+            other.lines().next(),
+            Some("wasm trap: integer divide by zero")
+        );
     }
 
     #[test]
