@@ -14,7 +14,7 @@ use super::limits::{LimitHit, MemoryLimiter, OutputBudget};
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
 use super::trap;
-use super::writes::{OpenForWriting, WatchesWrites};
+use super::writes::{OpenFiles, OpenForWriting, WatchesWrites};
 use crate::attempt::{RankEnd, RankHandle};
 use crate::config::ResourceLimits;
 use crate::failure::{FailureKind, RunFailure};
@@ -60,6 +60,8 @@ pub(crate) struct RankState {
     pub(super) told_to_stop: bool,
     /// The files the guest opened for writing (see `writes`).
     pub(super) writers: OpenForWriting,
+    /// The files and directories it holds open, within its share.
+    pub(super) open: OpenFiles,
     /// How often each slot of `table` lost its tensor (see `program`).
     pub(super) drops: Drops,
 }
@@ -122,6 +124,10 @@ impl WatchesWrites for RankState {
     }
     fn open_for_writing(&mut self) -> &mut OpenForWriting {
         &mut self.writers
+    }
+
+    fn open_files(&mut self) -> &mut OpenFiles {
+        &mut self.open
     }
 }
 
@@ -241,6 +247,7 @@ fn build_state(
         kernel_threads: crate::tensor::threads_per_rank(info.local_world_size),
         told_to_stop: false,
         writers: OpenForWriting::default(),
+        open: OpenFiles::new(info.world_rank, info.local_world_size),
         drops: Drops::default(),
     })
 }

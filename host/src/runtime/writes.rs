@@ -1,8 +1,10 @@
-//! The guest's writes to files, as far as snapshots need to see them
-//! (`persist::lend`): WASI's `open-at` is wrapped so that opening a file a
-//! snapshot holds lent gives the guest its own copy first, and so that the
-//! files a rank holds open for writing are known when it reports; it and
-//! the calls that change names wait while a snapshot is still linking.
+//! The guest's opens and writes of files, as far as the host must see
+//! them: WASI's `open-at` is wrapped so that opening a file a snapshot
+//! holds lent (`persist::lend`) gives the guest its own copy first, so
+//! that the files a rank holds open for writing are known when it
+//! reports, and so that a rank cannot hold more files open than its share
+//! of the process's ([`OpenFiles`]); it and the calls that change names
+//! wait while a snapshot is still linking.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
@@ -30,12 +32,13 @@ pub(crate) trait WatchesWrites: WasiView + 'static {
     /// The rank's handle on its attempt, which knows the lent files.
     fn attempt(&self) -> &RankHandle;
     fn open_for_writing(&mut self) -> &mut OpenForWriting;
+    fn open_files(&mut self) -> &mut OpenFiles;
 }
 
-/// The files a rank opened for writing and may still hold open: a weak
-/// reference to each, which dies with the guest's last handle on it.
+/// Files a rank opened and may still hold open: a weak reference to
+/// each, which dies with the guest's last handle on it.
 #[derive(Default)]
-pub(crate) struct OpenForWriting {
+struct Held {
     files: Vec<Weak<std::fs::File>>,
     /// The length at which closed files are dropped from `files`: twice
     /// what was left the last time, so that the dropping costs a constant
@@ -43,19 +46,30 @@ pub(crate) struct OpenForWriting {
     prune_at: usize,
 }
 
-impl OpenForWriting {
+impl Held {
     fn track(&mut self, file: &Arc<std::fs::File>) {
         if self.files.len() >= self.prune_at {
-            self.files.retain(|f| f.strong_count() > 0);
+            self.prune();
             self.prune_at = (2 * self.files.len()).max(64);
         }
         self.files.push(Arc::downgrade(file));
     }
 
+    fn prune(&mut self) {
+        self.files.retain(|f| f.strong_count() > 0);
+    }
+}
+
+/// The files a rank opened for writing and may still hold open.
+#[derive(Default)]
+pub(crate) struct OpenForWriting(Held);
+
+impl OpenForWriting {
     /// The files still open, by inode.
     pub fn inodes(&mut self) -> HashSet<Inode> {
-        self.files.retain(|f| f.strong_count() > 0);
-        self.files
+        self.0.prune();
+        self.0
+            .files
             .iter()
             .filter_map(Weak::upgrade)
             .filter_map(|f| f.metadata().ok())
@@ -65,6 +79,72 @@ impl OpenForWriting {
             })
             .collect()
     }
+}
+
+/// The files and directories a rank opened and still holds, and how many
+/// it may: each holds a descriptor of the process, and the process has a
+/// limited number (`ulimit -n`) that the host needs too, to commit
+/// checkpoints. A rank over its share is refused the next open (WASI's
+/// `quota` error, the closest to the system's "too many open files"), with
+/// a warning that says why; without it, one rank holding files open made
+/// the host's own opens fail, and every rank's report with them.
+pub(crate) struct OpenFiles {
+    held: Held,
+    /// The most the rank may hold at once.
+    limit: usize,
+    rank: u32,
+    warned: bool,
+}
+
+impl OpenFiles {
+    /// For rank `rank`, one of `ranks` in this process.
+    pub fn new(rank: u32, ranks: u32) -> Self {
+        Self {
+            held: Held::default(),
+            limit: open_files_per_rank(process_open_files(), ranks),
+            rank,
+            warned: false,
+        }
+    }
+
+    /// Whether the rank may open one more file or directory. Holding
+    /// `limit` files, each open over it prunes the closed ones: at most
+    /// `limit` weak references a refused open.
+    fn may_open(&mut self) -> bool {
+        if self.held.files.len() < self.limit {
+            return true;
+        }
+        self.held.prune();
+        let may = self.held.files.len() < self.limit;
+        if !may && !self.warned {
+            self.warned = true;
+            tracing::warn!(
+                "rank {} holds {} open files and directories, the most a rank may hold at once (its share of the process's open-file limit, {}; raise it with `ulimit -n`): its further opens fail with `quota` until it closes some",
+                self.rank,
+                self.limit,
+                process_open_files(),
+            );
+        }
+        may
+    }
+}
+
+/// The process's open-file limit: the soft `RLIMIT_NOFILE`, an unlimited
+/// one taken as 2^30.
+fn process_open_files() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX)
+        .min(1 << 30)
+}
+
+/// Each of `ranks` ranks' share of `process` open files: what is left
+/// after a quarter (at least 256) kept for the host's own (storage, its
+/// checkpoint files, MPI, the runtime), and at least 16.
+fn open_files_per_rank(process: u64, ranks: u32) -> usize {
+    let reserve = (process / 4).max(256);
+    let share = process.saturating_sub(reserve) / u64::from(ranks.max(1));
+    share.max(16) as usize
 }
 
 /// Replace wasmtime-wasi's `open-at` in `linker` (which has WASI in it
@@ -184,6 +264,9 @@ async fn open_at<T: WatchesWrites>(
             return Ok((Err(ErrorCode::from(&e)),));
         }
     }
+    if !store.data_mut().open_files().may_open() {
+        return Ok((Err(ErrorCode::Quota),));
+    }
     let state = store.data_mut();
     let mut fs = state.filesystem();
     let opened =
@@ -191,12 +274,19 @@ async fn open_at<T: WatchesWrites>(
             Ok(opened) => opened,
             Err(e) => return Ok((Err(types::Host::convert_error_code(&mut fs, e)?),)),
         };
-    if writes
-        && let Ok(Descriptor::File(file)) = fs.table.get(&opened)
-        && file.open_mode.contains(OpenMode::WRITE)
-    {
-        let file = Arc::clone(&file.file);
-        state.open_for_writing().track(&file);
+    let (held, writer) = match fs.table.get(&opened) {
+        Ok(Descriptor::File(file)) => (
+            Some(Arc::clone(&file.file)),
+            writes && file.open_mode.contains(OpenMode::WRITE),
+        ),
+        Ok(Descriptor::Dir(dir)) => (Some(Arc::clone(&dir.dir)), false),
+        Err(_) => (None, false),
+    };
+    if let Some(file) = held {
+        state.open_files().held.track(&file);
+        if writer {
+            state.open_for_writing().0.track(&file);
+        }
     }
     Ok((Ok(opened),))
 }
@@ -227,4 +317,20 @@ fn protection<T: WatchesWrites>(
     Ok(Some(move || {
         attempt.before_write(&dir, &path, follow, truncate)
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open_files_per_rank;
+
+    #[test]
+    fn ranks_share_what_the_host_keeps_back_of_the_process_open_files() {
+        // A quarter stays the host's, at least 256; each rank gets at
+        // least 16.
+        assert_eq!(open_files_per_rank(20_000, 2), 7_500);
+        assert_eq!(open_files_per_rank(512, 2), 128);
+        assert_eq!(open_files_per_rank(1024, 64), 16);
+        assert_eq!(open_files_per_rank(100, 1), 16);
+        assert_eq!(open_files_per_rank(1 << 30, 0), 805_306_368);
+    }
 }

@@ -171,3 +171,54 @@ fn limits_that_stop_a_busy_rank_need_interruption_anywhere() {
         );
     }
 }
+
+/// A rank that keeps files open is refused past its share of the
+/// process's descriptors, with a warning naming the limit, and the host's
+/// own opens go on: the checkpoint both ranks report is committed. The
+/// process's limit is lowered to 512 here: a quarter stays the host's,
+/// and each of 2 ranks may hold 128.
+#[test]
+fn a_rank_holding_files_open_is_refused_past_its_share_and_reports_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = json!({"steps": [
+        {"write": "ck/a", "text": "x"},
+        {"open_many": "f", "count": 1000, "ranks": [0]},
+        {"report": {"i": 1}, "checkpoint": "ck"},
+    ]});
+    let out = std::process::Command::new("sh")
+        .args(["-c", "ulimit -n 512 && exec \"$@\"", "sh"])
+        .arg(env!("CARGO_BIN_EXE_trainhost"))
+        .args([
+            "run",
+            trainhost_test_artifacts::TEST_GUEST,
+            "--workers",
+            "2",
+        ])
+        .args([
+            "--config",
+            &config.to_string(),
+            "--storage",
+            "st",
+            "--name",
+            "open",
+        ])
+        .current_dir(dir.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("[rank 0] open failed after 128: Quota exceeded"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("[rank 0] opened 128\n"), "{stdout}");
+    assert!(
+        stderr.contains("rank 0 holds 128 open files and directories")
+            && stderr.contains("open-file limit, 512; raise it with `ulimit -n`"),
+        "{stderr}"
+    );
+    let committed = dir.path().join("st/open/checkpoint_000000/a");
+    assert_eq!(std::fs::read_to_string(&committed).unwrap(), "x");
+}

@@ -30,6 +30,9 @@
 //! - `{"sparse": PATH, "size": N}`: a sparse file of N bytes
 //! - `{"nest": DIR, "depth": N}`: N nested directories, a file at the bottom
 //! - `{"many": DIR, "count": N}`: N tiny files in 100 directories
+//! - `{"open_many": PATH, "count": N}`: opens PATH (created empty) N times
+//!   and keeps every handle to the end of the run; prints `opened K` and,
+//!   if an open failed, `open failed after K: ERROR` before it
 //! - `{"until_preempted": true}`: report `i` = 0, 1, .. until preemption is
 //!   requested, then report a checkpoint holding `final` and return
 //!
@@ -213,6 +216,26 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
             }
             fs::write(sub.join(format!("f{i}")), i.to_string()).map_err(io)?;
         }
+    } else if let Some(path) = text(step, "open_many", vars) {
+        let count = step
+            .get("count")
+            .and_then(Value::as_u64)
+            .ok_or("open_many needs count")?;
+        let path = scratch_path(&path);
+        fs::write(&path, "").map_err(io)?;
+        let mut kept = Vec::new();
+        for i in 0..count {
+            match fs::File::open(&path) {
+                Ok(file) => kept.push(file),
+                Err(e) => {
+                    println!("open failed after {i}: {e}");
+                    break;
+                }
+            }
+        }
+        println!("opened {}", kept.len());
+        // Held, not closed, to the end of the run.
+        std::mem::forget(kept);
     } else if let Some(mb) = step.get("alloc_mb").and_then(Value::as_u64) {
         // Touch every page so the memory is really used.
         let block = vec![1u8; (mb as usize) << 20];
