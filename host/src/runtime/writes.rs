@@ -148,7 +148,8 @@ fn open_files_per_rank(process: u64, ranks: u32) -> usize {
 }
 
 /// Replace wasmtime-wasi's `open-at` in `linker` (which has WASI in it
-/// already) by one that protects lent files and tracks writers, and its
+/// already) by one that protects lent files, tracks writers and keeps the
+/// rank within its share of open files ([`OpenFiles`]), and its
 /// calls that change names (`unlink-file-at`, `rename-at`,
 /// `remove-directory-at`) by ones that first wait for a snapshot still
 /// linking (`Lent::settled`); each then calls wasmtime-wasi's own.
