@@ -101,20 +101,25 @@ pub fn compile(guest: &[u8], cache: Option<&Path>) -> Result<bool, Error> {
 }
 
 /// Seconds per all-reduce (f32, sum) of `floats` values on each of `ranks`
-/// threads, the exchange alone: the ranks' buffers combined in place as a
-/// collective call combines them once every rank has arrived (split across
-/// the threads from 16 or 256 KiB, R33), without the guest, the canonical
-/// ABI's copies or the meeting. The median of `rounds` rounds.
+/// threads, the exchange alone: the ranks' values lent and combined into
+/// their shared result as a collective call through `collective-bits`
+/// combines them once every rank has arrived (split across the threads
+/// from 16 or 256 KiB, R33), without the guest, the canonical ABI's
+/// lowering of the result or the meeting. The median of `rounds` rounds.
 pub fn all_reduce_exchange(ranks: usize, floats: usize, rounds: u32) -> f64 {
-    use crate::collective::{Call, Delivered, Op, Values, meet};
+    use crate::collective::{Call, Delivered, Lent, Op, Values, meet};
     use std::sync::Arc;
-    let mut buffers: Vec<Vec<f32>> = (0..ranks).map(|r| vec![r as f32; floats]).collect();
+    let buffers: Vec<Vec<f32>> = (0..ranks).map(|r| vec![r as f32; floats]).collect();
     let mut times = Vec::with_capacity(rounds as usize);
     for _ in 0..rounds {
-        let calls = buffers
-            .drain(..)
-            .map(|b| Call::AllReduce {
-                values: Values::F32(b),
+        // SAFETY: `buffers` outlive the lendings, dropped below, and are
+        // not written meanwhile.
+        let (lent, lendings): (Vec<Lent>, Vec<_>) =
+            buffers.iter().map(|b| unsafe { Lent::new(b) }).unzip();
+        let calls = lent
+            .into_iter()
+            .map(|l| Call::AllReduce {
+                values: Values::F32Lent(l),
                 op: Op::Sum,
             })
             .collect();
@@ -123,26 +128,24 @@ pub fn all_reduce_exchange(ranks: usize, floats: usize, rounds: u32) -> f64 {
         // Each rank a task of an executor with a thread per rank, as ranks
         // run when they do not outnumber the cores.
         let idle = crate::executor::IdleWait::new(ranks);
-        let results: Vec<std::sync::Mutex<Vec<f32>>> =
+        let results: Vec<std::sync::Mutex<Option<Arc<Vec<f32>>>>> =
             (0..ranks).map(|_| Default::default()).collect();
         let tasks = (0..ranks).map(|r| {
             let (exchange, results) = (Arc::clone(&exchange), &results);
             let task: crate::executor::TaskFuture<'_> = Box::pin(async move {
                 match exchange.deliver(r).await {
-                    Delivered::Values(Values::F32(v)) => {
-                        *results[r].lock().expect("no panic") = v;
+                    Some(Delivered::Shared(v)) => {
+                        *results[r].lock().expect("no panic") = Some(v);
                     }
-                    _ => unreachable!("an all-reduce of f32 delivers f32"),
+                    _ => unreachable!("an all-reduce of lent f32 delivers a shared result"),
                 }
             });
             (r, task)
         });
         crate::executor::run(ranks, tasks, &idle, |_, m| panic!("{m}"));
-        buffers = results
-            .into_iter()
-            .map(|r| r.into_inner().expect("no panic"))
-            .collect();
         times.push(started.elapsed().as_secs_f64());
+        // As the ranks' calls end: the result freed once lowered.
+        drop((exchange, results, lendings));
     }
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]

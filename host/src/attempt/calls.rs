@@ -95,7 +95,9 @@ pub(super) fn arrivals_shapes(arrivals: &[Arrival]) -> Vec<Shape> {
             Arrival::Collective(Call::AllGather { .. }) => Shape::AllGather,
             Arrival::Collective(Call::AllReduce { values, .. }) => Shape::AllReduce(match values {
                 // Results from other nodes come in one buffer.
-                Values::F32(_) | Values::F32Parts(_) => Values::F32(Vec::new()),
+                Values::F32(_) | Values::F32Parts(_) | Values::F32Lent(_) => {
+                    Values::F32(Vec::new())
+                }
                 Values::F64(_) => Values::F64(Vec::new()),
                 Values::S64(_) => Values::S64(Vec::new()),
             }),

@@ -153,7 +153,7 @@ impl Shared {
                     Values::F32(v) => link.sum_over_nodes(v),
                     Values::F64(v) => link.sum_over_nodes(v),
                     Values::S64(v) => link.sum_over_nodes(v),
-                    Values::F32Parts(_) => unreachable!("flattened above"),
+                    Values::F32Parts(_) | Values::F32Lent(_) => unreachable!("flattened above"),
                 }
                 let world = span.layout.world_size() as usize;
                 let result = collective::finish_sum(summed, op, world);

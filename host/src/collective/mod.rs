@@ -7,6 +7,9 @@
 //! copies beyond the canonical ABI's: each rank's list arrives lifted into
 //! host memory, and an all-reduce combines those buffers in place, so each
 //! rank's buffer holds the result it returns to be lowered into the guest.
+//! An f32 list passed as its bits (`collective-bits`) is not even lifted:
+//! it is lent ([`Lent`]) and read where it lies in the guest's memory, and
+//! the ranks that lent share one result buffer.
 //!
 //! A large all-reduce is split between the ranks (each combines one slice
 //! of every buffer and writes it to every buffer: reduce-scatter and
@@ -16,12 +19,14 @@
 //! result is bit-identical on every rank and from run to run.
 
 mod latch;
+mod lent;
 mod reduce;
 mod runs;
 mod span;
 
 use std::sync::Arc;
 
+pub(crate) use lent::Lent;
 pub(crate) use reduce::Reduction;
 pub(crate) use span::{combine_in_order, exchanged, finish_sum, partial, sums_over_nodes};
 
@@ -56,12 +61,16 @@ pub(crate) enum Values {
     F32Parts(Vec<Vec<f32>>),
     F64(Vec<f64>),
     S64(Vec<i64>),
+    /// f32 values in the rank's guest memory, lent for the call (see
+    /// [`Lent`]); only a rank's input, never a result.
+    F32Lent(Lent),
 }
 
 impl Values {
     pub(crate) fn len(&self) -> usize {
         match self {
             Values::F32(v) => v.len(),
+            Values::F32Lent(v) => v.len(),
             Values::F32Parts(parts) => parts.iter().map(Vec::len).sum(),
             Values::F64(v) => v.len(),
             Values::S64(v) => v.len(),
@@ -70,7 +79,7 @@ impl Values {
 
     fn type_name(&self) -> &'static str {
         match self {
-            Values::F32(_) | Values::F32Parts(_) => "f32",
+            Values::F32(_) | Values::F32Parts(_) | Values::F32Lent(_) => "f32",
             Values::F64(_) => "f64",
             Values::S64(_) => "s64",
         }
@@ -79,7 +88,7 @@ impl Values {
     /// The values, leaving an empty buffer of their type in their place.
     pub(crate) fn take(&mut self) -> Values {
         let empty = match self {
-            Values::F32(_) => Values::F32(Vec::new()),
+            Values::F32(_) | Values::F32Lent(_) => Values::F32(Vec::new()),
             Values::F32Parts(_) => Values::F32Parts(Vec::new()),
             Values::F64(_) => Values::F64(Vec::new()),
             Values::S64(_) => Values::S64(Vec::new()),
@@ -89,7 +98,7 @@ impl Values {
 
     pub(crate) fn element_size(&self) -> u64 {
         match self {
-            Values::F32(_) | Values::F32Parts(_) => 4,
+            Values::F32(_) | Values::F32Parts(_) | Values::F32Lent(_) => 4,
             Values::F64(_) | Values::S64(_) => 8,
         }
     }
@@ -112,6 +121,21 @@ impl Call {
             Call::Broadcast { root, .. } => format!("broadcast from rank {root}"),
             Call::AllReduce { values, op } => all_reduce_text(*op, values.len(), values),
             Call::AllGather { data } => format!("all-gather of {} bytes", data.len()),
+        }
+    }
+
+    /// The call with its data in host memory: lent values copied. A round
+    /// across nodes takes calls so (see `attempt/round.rs`).
+    pub fn owned(self) -> Call {
+        match self {
+            Call::AllReduce {
+                values: Values::F32Lent(lent),
+                op,
+            } => Call::AllReduce {
+                values: Values::F32(lent.to_vec()),
+                op,
+            },
+            other => other,
         }
     }
 
@@ -156,6 +180,9 @@ pub(crate) enum Delivered {
     Done,
     Bytes(Vec<u8>),
     Values(Values),
+    /// The result of an all-reduce of f32 lent by this rank, shared with
+    /// the other ranks that lent theirs.
+    Shared(Arc<Vec<f32>>),
     Pieces(Vec<Vec<u8>>),
 }
 
@@ -184,6 +211,9 @@ pub(crate) enum Unmet {
 
 /// An exchange the ranks agreed on, shared by them until each has taken
 /// its result.
+// Made once a round and shared in an `Arc`: boxing the all-reduce would
+// cost each round a second allocation and save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Exchange {
     Barrier,
@@ -361,15 +391,17 @@ pub(crate) fn too_large(
 
 impl Exchange {
     /// Rank `rank`'s result: its part of a split all-reduce is done on the
-    /// calling thread, which then waits for the other ranks' parts.
-    pub async fn deliver(self: Arc<Self>, rank: usize) -> Delivered {
-        match &*self {
+    /// calling thread, which then waits for the other ranks' parts. `None`
+    /// if a rank's lent values could not be read (its call was dropped: the
+    /// attempt is stopping, see [`Lent`]).
+    pub async fn deliver(self: Arc<Self>, rank: usize) -> Option<Delivered> {
+        Some(match &*self {
             Exchange::Barrier => Delivered::Done,
             Exchange::Broadcast(data) => Delivered::Bytes(data.clone()),
             Exchange::AllGather(pieces) => Delivered::Pieces(pieces.clone()),
-            Exchange::AllReduce(reduction) => Delivered::Values(reduction.deliver(rank).await),
+            Exchange::AllReduce(reduction) => reduction.deliver(rank).await?,
             Exchange::Reduced(reduced) => Delivered::Values(reduced.take()),
-        }
+        })
     }
 }
 

@@ -6,6 +6,9 @@
 //! which the rank then returns: no buffer is allocated for the result. A
 //! rank's values may be in several buffers, one after the other (a list of
 //! host tensors, [`Values::F32Parts`]); they are combined where they are.
+//! Values lent from a guest's memory ([`Values::F32Lent`]) are only read:
+//! the result of the ranks that lent them is written once, into one
+//! buffer they share.
 //!
 //! Small reductions are done by the thread that completes the round (one
 //! wake-up per rank, the latency of a `report`). Larger ones are split into
@@ -17,12 +20,15 @@
 
 use std::cell::UnsafeCell;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
 use super::latch::Latch;
+use super::lent::Loans;
 use super::runs::{Runs, f32_buffers, f64_buffers, s64_buffers};
-use super::{Op, Values};
+use super::{Delivered, Op, Values};
 use crate::executor;
 
 /// Below this many bytes per rank, one thread combines everything when
@@ -117,6 +123,52 @@ pub(crate) struct Reduction {
     len: usize,
     /// Split across the ranks: counts the slices still being combined.
     pending: Option<Latch>,
+    /// The loans of the ranks whose values are lent, held while combining.
+    loans: Loans,
+    /// The result of the ranks whose values are lent.
+    shared: Option<Shared>,
+    /// A slice was not combined: a loan had been returned (its rank's
+    /// call was dropped, the attempt is stopping). No rank gets a result.
+    spoiled: AtomicBool,
+}
+
+/// The result of the ranks whose values are lent: written once (through
+/// the pointer [`Runs::share_into`] was given), then shared by them.
+struct Shared(Mutex<Sharing>);
+
+struct Sharing {
+    /// The buffer being written: its capacity holds the result, its length
+    /// is set once every element is.
+    buffer: Option<Vec<f32>>,
+    result: Option<Arc<Vec<f32>>>,
+    /// The lending ranks still to take the result.
+    left: usize,
+    len: usize,
+}
+
+impl Shared {
+    /// The result for one lending rank, once every element is written; the
+    /// last one takes it out, so that it is freed when the ranks have
+    /// lowered it, not with the round.
+    fn take(&self) -> Arc<Vec<f32>> {
+        let mut sharing = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if sharing.result.is_none() {
+            let mut buffer = sharing.buffer.take().unwrap_or_default();
+            if buffer.capacity() >= sharing.len {
+                // SAFETY: within the capacity, and every element was
+                // written (the caller found every slice combined).
+                unsafe { buffer.set_len(sharing.len) };
+            }
+            sharing.result = Some(Arc::new(buffer));
+        }
+        sharing.left = sharing.left.saturating_sub(1);
+        let result = if sharing.left == 0 {
+            sharing.result.take()
+        } else {
+            sharing.result.clone()
+        };
+        result.unwrap_or_default()
+    }
 }
 
 /// Where the elements of every rank's buffers are, by type.
@@ -126,11 +178,13 @@ enum Elements {
     S64(Runs<i64>),
 }
 
-// SAFETY: the buffers are only written through `combine_range`, and the
-// ranges given to it concurrently are disjoint (one slice per rank, see
-// `slice_of`); a rank takes its own buffer out only after every slice is
-// written (the latch, or the reduction was complete before it was shared).
-// The pointers are to the buffers' heap memory, which moves with no thread.
+// SAFETY: the buffers and the shared result are only written through
+// `combine_range`, and the ranges given to it concurrently are disjoint
+// (one slice per rank, see `slice_of`); a rank takes its own buffer out,
+// or the shared result, only after every slice is written (the latch, or
+// the reduction was complete before it was shared). The pointers are to
+// the buffers' heap memory, which moves with no thread, and to lent
+// values, read only while their loans are held.
 unsafe impl Sync for Reduction {}
 // SAFETY: as for `Sync`; the values themselves are `Send`.
 unsafe impl Send for Reduction {}
@@ -163,10 +217,33 @@ impl Reduction {
         let bytes = len * values.first().map_or(0, |v| v.element_size() as usize);
         let ranks = values.len();
         let split = ranks > 1 && bytes >= split_from(ranks);
+        let mut loans = Loans::default();
+        let mut lending = 0;
+        for v in &values {
+            if let Values::F32Lent(lent) = v {
+                loans.push(lent.loan().clone());
+                lending += 1;
+            }
+        }
+        let mut shared = None;
         let elements = match values.first() {
             Some(Values::F64(_)) => Elements::F64(Runs::new(&mut values, f64_buffers)),
             Some(Values::S64(_)) => Elements::S64(Runs::new(&mut values, s64_buffers)),
-            _ => Elements::F32(Runs::new(&mut values, f32_buffers)),
+            _ => {
+                let mut runs = Runs::new(&mut values, f32_buffers);
+                if lending > 0 {
+                    // Written before it is read, so not zeroed first.
+                    let mut buffer = Vec::with_capacity(len);
+                    runs.share_into(buffer.as_mut_ptr());
+                    shared = Some(Shared(Mutex::new(Sharing {
+                        buffer: Some(buffer),
+                        result: None,
+                        left: lending,
+                        len,
+                    })));
+                }
+                Elements::F32(runs)
+            }
         };
         let reduction = Self {
             op,
@@ -174,9 +251,13 @@ impl Reduction {
             elements,
             len,
             pending: split.then(|| Latch::new(ranks)),
+            loans,
+            shared,
+            spoiled: AtomicBool::new(false),
         };
-        // One rank's values are their own result (R29): nothing to combine.
-        if !split && ranks > 1 {
+        // One rank's own values are their own result (R29): nothing to
+        // combine. Lent ones are copied into the shared result.
+        if !split && (ranks > 1 || lending > 0) {
             // SAFETY: not shared yet; this thread is the only one.
             unsafe { reduction.combine_range(0..len) };
         }
@@ -192,8 +273,9 @@ impl Reduction {
     }
 
     /// Rank `rank`'s result: its slice combined on this thread if the work
-    /// is split, once every slice is.
-    pub async fn deliver(&self, rank: usize) -> Values {
+    /// is split, once every slice is. `None` if a slice could not be
+    /// combined (a loan was returned).
+    pub async fn deliver(&self, rank: usize) -> Option<Delivered> {
         if let Some(pending) = &self.pending {
             // SAFETY: each rank combines only its own slice, and the slices
             // are disjoint.
@@ -201,66 +283,92 @@ impl Reduction {
             pending.count_down();
             pending.wait().await;
         }
+        // Written before the latch was counted down, or before the
+        // reduction was shared.
+        if self.spoiled.load(Ordering::Relaxed) {
+            return None;
+        }
         // SAFETY: every slice has been written (above, or before the
         // reduction was shared), so no thread uses the element pointers any
         // more; only rank `rank` takes this buffer.
-        unsafe { std::mem::replace(&mut *self.buffers[rank].get(), Values::F32(Vec::new())) }
+        let values =
+            unsafe { std::mem::replace(&mut *self.buffers[rank].get(), Values::F32(Vec::new())) };
+        Some(match (values, &self.shared) {
+            (Values::F32Lent(_), Some(shared)) => Delivered::Shared(shared.take()),
+            (values, _) => Delivered::Values(values),
+        })
     }
 
-    /// Combine `range` of every buffer and write the result to every
-    /// buffer.
+    /// Combine `range` of every rank's values and write the result to
+    /// every rank's own buffers and to the shared result; nothing if a
+    /// loan was returned (see [`Self::spoiled`]).
     ///
     /// # Safety
     /// No other thread may access `range` of any buffer meanwhile, and no
     /// buffer has been taken.
     unsafe fn combine_range(&self, range: Range<usize>) {
-        // SAFETY: passed on from the caller; every run is of a live buffer,
-        // and every rank's runs hold `self.len` elements.
-        unsafe {
+        // SAFETY: passed on from the caller; every run is of a live buffer
+        // (a lent one while its loan is held), and every rank's runs hold
+        // `self.len` elements, as does the shared result.
+        let combined = self.loans.read(|| unsafe {
             match &self.elements {
                 Elements::F32(p) => combine(p, range, self.op),
                 Elements::F64(p) => combine(p, range, self.op),
                 Elements::S64(p) => combine(p, range, self.op),
             }
+        });
+        if combined.is_none() {
+            self.spoiled.store(true, Ordering::Relaxed);
         }
     }
 }
 
 /// Combine `range` of every rank's values in `runs` in rank order and
-/// write the result back to each: a stretch at a time that lies in one
-/// buffer of every rank (all of `range` when each rank has one buffer).
+/// write the result to each rank's own buffers and to the shared result:
+/// a stretch at a time that lies in one buffer of every rank (all of
+/// `range` when each rank has one buffer).
 ///
 /// # Safety
-/// Every run is of a live buffer, every rank's runs hold at least
-/// `range.end` values, and nothing else accesses `range` of any rank's
-/// values meanwhile.
+/// Every run is of a live buffer, every rank's runs and the shared result
+/// hold at least `range.end` values, and nothing else accesses `range` of
+/// any of them meanwhile (lent values may be read).
 unsafe fn combine<T: Element>(runs: &Runs<T>, range: Range<usize>, op: Op) {
-    // The stretch's first element in every rank's buffers.
-    let mut ptrs: SmallVec<[*mut T; 16]> = SmallVec::new();
+    // The stretch's first element in every rank's buffers, and where its
+    // result goes.
+    let mut from: SmallVec<[*const T; 16]> = SmallVec::new();
+    let mut to: SmallVec<[*mut T; 16]> = SmallVec::new();
     let mut start = range.start;
     while start < range.end {
         let mut len = range.end - start;
-        ptrs.clear();
+        from.clear();
+        to.clear();
         for rank in 0..runs.ranks() {
             let (p, contiguous) = runs.at(rank, start);
-            ptrs.push(p);
+            from.push(p.cast_const());
+            if runs.written(rank) {
+                to.push(p);
+            }
             len = len.min(contiguous);
+        }
+        if let Some(shared) = runs.shared() {
+            // SAFETY: `start` is within the shared result (the caller).
+            to.push(unsafe { shared.add(start) });
         }
         // SAFETY: passed on from the caller; `len` elements from each
         // pointer lie in one buffer.
-        unsafe { combine_stretch(&ptrs, len, op) };
+        unsafe { combine_stretch(&from, &to, len, op) };
         start += len;
     }
 }
 
-/// Combine `len` elements from each of `ptrs` in rank order and write the
-/// result back to each, a block at a time.
+/// Combine `len` elements from each of `from` in rank order and write the
+/// result to each of `to`, a block at a time.
 ///
 /// # Safety
 /// Every pointer is valid for `len` elements, and nothing else accesses
-/// them meanwhile.
-unsafe fn combine_stretch<T: Element>(ptrs: &[*mut T], len: usize, op: Op) {
-    let ranks = ptrs.len();
+/// them meanwhile (but for reads of `from` that is not in `to`).
+unsafe fn combine_stretch<T: Element>(from: &[*const T], to: &[*mut T], len: usize, op: Op) {
+    let ranks = from.len();
     let mut acc = [T::default(); BLOCK];
     let mut start = 0;
     while start < len {
@@ -268,11 +376,11 @@ unsafe fn combine_stretch<T: Element>(ptrs: &[*mut T], len: usize, op: Op) {
         let acc = &mut acc[..n];
         // SAFETY: within the `len` elements this thread alone accesses;
         // each slice lives only within this block's statement.
-        let slice = |p: *mut T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
-        acc.copy_from_slice(slice(ptrs[0]));
+        let slice = |p: *const T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
+        acc.copy_from_slice(slice(from[0]));
         // One loop per operation, so that each is compiled to vector code
         // rather than a call per element.
-        for &p in &ptrs[1..] {
+        for &p in &from[1..] {
             let next = slice(p);
             match op {
                 Op::Sum | Op::Mean => fold(acc, next, T::sum),
@@ -285,7 +393,7 @@ unsafe fn combine_stretch<T: Element>(ptrs: &[*mut T], len: usize, op: Op) {
                 *a = T::mean(*a, ranks);
             }
         }
-        for &p in ptrs {
+        for &p in to {
             // SAFETY: as above; no other slice of this block is alive.
             unsafe { std::slice::from_raw_parts_mut(p.add(start), n) }.copy_from_slice(acc);
         }
@@ -302,173 +410,5 @@ pub(super) fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The reference: every element combined in rank order, one at a time.
-    fn reference(inputs: &[Vec<f32>], op: Op) -> Vec<f32> {
-        (0..inputs[0].len())
-            .map(|i| {
-                let mut acc = inputs[0][i];
-                for v in &inputs[1..] {
-                    acc = match op {
-                        Op::Sum | Op::Mean => acc + v[i],
-                        Op::Min => acc.min(v[i]),
-                        Op::Max => acc.max(v[i]),
-                    };
-                }
-                if op == Op::Mean {
-                    acc / inputs.len() as f32
-                } else {
-                    acc
-                }
-            })
-            .collect()
-    }
-
-    fn inputs(ranks: usize, len: usize) -> Vec<Vec<f32>> {
-        (0..ranks)
-            .map(|r| {
-                (0..len)
-                    .map(|i| ((i * 7919 + r * 104_729) % 1000) as f32 / 7.0 - 60.0)
-                    .collect()
-            })
-            .collect()
-    }
-
-    /// Run the reduction as the ranks do: as tasks of an executor of at
-    /// most two threads, so that ranks wait for each other.
-    fn run(inputs: &[Vec<f32>], op: Op) -> Vec<Vec<f32>> {
-        let values = inputs.iter().cloned().map(Values::F32).collect();
-        run_values(values, op)
-            .into_iter()
-            .map(|v| match v {
-                Values::F32(v) => v,
-                other => panic!("{other:?}"),
-            })
-            .collect()
-    }
-
-    /// [`run`] of any values; every rank's result, by rank.
-    fn run_values(values: Vec<Values>, op: Op) -> Vec<Values> {
-        let ranks = values.len();
-        let reduction = Reduction::new(values, op);
-        let results: Vec<std::sync::Mutex<Option<Values>>> =
-            (0..ranks).map(|_| Default::default()).collect();
-        let threads = ranks.min(2);
-        let idle = crate::executor::IdleWait::new(threads);
-        let tasks = (0..ranks).map(|r| {
-            let (reduction, results) = (&reduction, &results);
-            let task: crate::executor::TaskFuture<'_> = Box::pin(async move {
-                *results[r].lock().unwrap() = Some(reduction.deliver(r).await);
-            });
-            (r, task)
-        });
-        crate::executor::run(threads, tasks, &idle, |r, m| panic!("rank {r}: {m}"));
-        results
-            .into_iter()
-            .map(|r| r.into_inner().unwrap().expect("every rank delivered"))
-            .collect()
-    }
-
-    /// `values` cut into buffers of the given lengths (the last one takes
-    /// the rest).
-    fn cut(values: &[f32], lengths: &[usize]) -> Values {
-        let mut rest = values;
-        let mut parts = Vec::new();
-        for &n in lengths {
-            let (part, after) = rest.split_at(n.min(rest.len()));
-            parts.push(part.to_vec());
-            rest = after;
-        }
-        parts.push(rest.to_vec());
-        Values::F32Parts(parts)
-    }
-
-    #[test]
-    fn values_in_several_buffers_are_combined_where_they_are() {
-        // Ranks cut their values differently (empty buffers included), and
-        // may hold them in one buffer; whole and split reductions.
-        for (ranks, len) in [(2, 1000), (2, 10_001), (3, 70_001)] {
-            for op in [Op::Sum, Op::Mean, Op::Min, Op::Max] {
-                let inputs = inputs(ranks, len);
-                let want = reference(&inputs, op);
-                let cuts: [&[usize]; 3] = [&[0, 4096, 64, 0, 640], &[1, 2049, 2047], &[]];
-                let values = inputs
-                    .iter()
-                    .enumerate()
-                    .map(|(r, v)| match r {
-                        0 => Values::F32(v.clone()),
-                        _ => cut(v, cuts[r % 3]),
-                    })
-                    .collect();
-                for (r, got) in run_values(values, op).into_iter().enumerate() {
-                    let lengths: Vec<usize> = match &got {
-                        Values::F32(v) => vec![v.len()],
-                        Values::F32Parts(parts) => parts.iter().map(Vec::len).collect(),
-                        other => panic!("{other:?}"),
-                    };
-                    let expected = match r {
-                        0 => vec![len],
-                        _ => match cut(&inputs[r], cuts[r % 3]) {
-                            Values::F32Parts(parts) => parts.iter().map(Vec::len).collect(),
-                            _ => unreachable!(),
-                        },
-                    };
-                    assert_eq!(lengths, expected, "rank {r} keeps its buffers");
-                    let Values::F32(got) = got.into_flat() else {
-                        unreachable!()
-                    };
-                    assert!(
-                        got.iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "ranks {ranks} len {len} {op:?} rank {r}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn split_and_whole_reductions_match_the_reference_bit_for_bit() {
-        // Sizes below and above the split (both thresholds: 2 ranks have
-        // threads of their own on any machine of 2 cores or more), and
-        // lengths that do not divide.
-        for (ranks, len) in [
-            (1, 10),
-            (2, 1000),
-            (2, 10_001),
-            (3, 70_001),
-            (4, 200_003),
-            (5, 17),
-        ] {
-            for op in [Op::Sum, Op::Mean, Op::Min, Op::Max] {
-                let inputs = inputs(ranks, len);
-                let want = reference(&inputs, op);
-                for (r, got) in run(&inputs, op).iter().enumerate() {
-                    assert!(
-                        got.iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "ranks {ranks} len {len} {op:?} rank {r}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn slices_cover_every_element_once_on_aligned_starts() {
-        let values = (0..3).map(|_| Values::F32(vec![0.0; 100_001])).collect();
-        let reduction = Reduction::new(values, Op::Sum);
-        let mut next = 0;
-        for r in 0..3 {
-            let s = reduction.slice_of(r);
-            assert_eq!(s.start, next);
-            assert_eq!(s.start % ALIGN, 0);
-            next = s.end;
-        }
-        assert_eq!(next, 100_001);
-    }
-}
+#[path = "reduce_tests.rs"]
+mod tests;

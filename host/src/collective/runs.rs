@@ -1,7 +1,9 @@
 //! Where each rank's values of an all-reduce are: one buffer, or several
 //! taken one after the other ([`Values::F32Parts`], a list of host
 //! tensors), as runs of contiguous elements that the combining walks
-//! without gathering them.
+//! without gathering them; and where the result goes: into the buffers of
+//! the ranks that own theirs, and into one shared buffer for those whose
+//! values are lent ([`Values::F32Lent`]), which are only read.
 
 use smallvec::SmallVec;
 
@@ -16,6 +18,18 @@ use super::Values;
 pub(super) struct Runs<T> {
     runs: SmallVec<[Run<T>; 4]>,
     firsts: SmallVec<[usize; 5]>,
+    /// By rank: whether the result is written into its buffers (not for
+    /// lent values).
+    written: SmallVec<[bool; 4]>,
+    /// The shared result of the ranks whose values are lent: `len`
+    /// elements from here, if any rank's are.
+    shared: Option<*mut T>,
+}
+
+/// A rank's values: buffers of its own, or values lent (read only).
+pub(super) enum Buffers<'a, T> {
+    Own(&'a mut [Vec<T>]),
+    Lent(*const T, usize),
 }
 
 /// One non-empty buffer of a rank's values.
@@ -38,25 +52,66 @@ impl<T> Runs<T> {
     /// The runs of `values` (by rank), whose buffers `buffers_of` gives.
     /// `as_mut_ptr` forms no reference to the elements; the pointers stay
     /// valid while the vectors are moved, not resized.
-    pub(super) fn new(values: &mut [Values], buffers_of: fn(&mut Values) -> &mut [Vec<T>]) -> Self {
+    pub(super) fn new(
+        values: &mut [Values],
+        buffers_of: fn(&mut Values) -> Buffers<'_, T>,
+    ) -> Self {
         let mut runs = SmallVec::with_capacity(values.len());
         let mut firsts = SmallVec::with_capacity(values.len() + 1);
+        let mut written = SmallVec::with_capacity(values.len());
         for v in values {
             firsts.push(runs.len());
-            let mut at = 0;
-            for buffer in buffers_of(v) {
-                if !buffer.is_empty() {
-                    runs.push(Run {
-                        ptr: buffer.as_mut_ptr(),
-                        at,
-                        len: buffer.len(),
-                    });
+            match buffers_of(v) {
+                Buffers::Own(buffers) => {
+                    written.push(true);
+                    let mut at = 0;
+                    for buffer in buffers {
+                        if !buffer.is_empty() {
+                            runs.push(Run {
+                                ptr: buffer.as_mut_ptr(),
+                                at,
+                                len: buffer.len(),
+                            });
+                        }
+                        at += buffer.len();
+                    }
                 }
-                at += buffer.len();
+                Buffers::Lent(ptr, len) => {
+                    written.push(false);
+                    if len > 0 {
+                        runs.push(Run {
+                            // Never written: `written` says so.
+                            ptr: ptr.cast_mut(),
+                            at: 0,
+                            len,
+                        });
+                    }
+                }
             }
         }
         firsts.push(runs.len());
-        Self { runs, firsts }
+        Self {
+            runs,
+            firsts,
+            written,
+            shared: None,
+        }
+    }
+
+    /// Write the result of the ranks whose values are lent from `ptr`
+    /// (room for as many elements as a rank's values).
+    pub(super) fn share_into(&mut self, ptr: *mut T) {
+        self.shared = Some(ptr);
+    }
+
+    /// The shared result's first element, if any rank's values are lent.
+    pub(super) fn shared(&self) -> Option<*mut T> {
+        self.shared
+    }
+
+    /// Whether rank `rank`'s buffers receive the result.
+    pub(super) fn written(&self, rank: usize) -> bool {
+        self.written[rank]
     }
 
     pub(super) fn ranks(&self) -> usize {
@@ -83,24 +138,25 @@ impl<T> Runs<T> {
     }
 }
 
-pub(super) fn f32_buffers(values: &mut Values) -> &mut [Vec<f32>] {
+pub(super) fn f32_buffers(values: &mut Values) -> Buffers<'_, f32> {
     match values {
-        Values::F32(v) => std::slice::from_mut(v),
-        Values::F32Parts(parts) => parts,
+        Values::F32(v) => Buffers::Own(std::slice::from_mut(v)),
+        Values::F32Parts(parts) => Buffers::Own(parts),
+        Values::F32Lent(lent) => Buffers::Lent(lent.as_ptr(), lent.len()),
         _ => unreachable!("types checked by meet"),
     }
 }
 
-pub(super) fn f64_buffers(values: &mut Values) -> &mut [Vec<f64>] {
+pub(super) fn f64_buffers(values: &mut Values) -> Buffers<'_, f64> {
     match values {
-        Values::F64(v) => std::slice::from_mut(v),
+        Values::F64(v) => Buffers::Own(std::slice::from_mut(v)),
         _ => unreachable!("types checked by meet"),
     }
 }
 
-pub(super) fn s64_buffers(values: &mut Values) -> &mut [Vec<i64>] {
+pub(super) fn s64_buffers(values: &mut Values) -> Buffers<'_, i64> {
     match values {
-        Values::S64(v) => std::slice::from_mut(v),
+        Values::S64(v) => Buffers::Own(std::slice::from_mut(v)),
         _ => unreachable!("types checked by meet"),
     }
 }

@@ -47,7 +47,7 @@ pub(crate) fn combine_in_order(parts: Vec<Values>, op: Op, ranks: usize) -> Valu
         Values::F32(acc) => go!(F32, acc),
         Values::F64(acc) => go!(F64, acc),
         Values::S64(acc) => go!(S64, acc),
-        Values::F32Parts(_) => unreachable!("flattened above"),
+        Values::F32Parts(_) | Values::F32Lent(_) => unreachable!("flattened above"),
     }
 }
 
@@ -98,12 +98,13 @@ fn combine<T: Element>(acc: &mut [T], next: &[T], op: Op) {
 }
 
 impl Values {
-    /// The values in one buffer: [`Values::F32Parts`] joined. What goes
-    /// between nodes is one buffer; the combining across nodes copies the
-    /// values anyway.
+    /// The values in one buffer of the host's: [`Values::F32Parts`]
+    /// joined, [`Values::F32Lent`] copied. What goes between nodes is one
+    /// buffer; the combining across nodes copies the values anyway.
     pub(crate) fn into_flat(self) -> Values {
         match self {
             Values::F32Parts(parts) => Values::F32(parts.concat()),
+            Values::F32Lent(lent) => Values::F32(lent.to_vec()),
             other => other,
         }
     }
@@ -118,6 +119,7 @@ impl Values {
                     write_bytes(part, f32::to_le_bytes, out);
                 }
             }
+            Values::F32Lent(lent) => write_bytes(&lent.to_vec(), f32::to_le_bytes, out),
             Values::F64(v) => write_bytes(v, f64::to_le_bytes, out),
             Values::S64(v) => write_bytes(v, i64::to_le_bytes, out),
         }
@@ -127,7 +129,7 @@ impl Values {
     /// one buffer; `None` if the length does not fit the type.
     pub(crate) fn from_le_bytes(like: &Values, bytes: &[u8]) -> Option<Values> {
         Some(match like {
-            Values::F32(_) | Values::F32Parts(_) => {
+            Values::F32(_) | Values::F32Parts(_) | Values::F32Lent(_) => {
                 Values::F32(from_bytes(bytes, f32::from_le_bytes)?)
             }
             Values::F64(_) => Values::F64(from_bytes(bytes, f64::from_le_bytes)?),
