@@ -116,6 +116,8 @@ pub fn all_gather(data: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
 /// `f32`, `f64` and `i64` (without [`Op::Mean`]), in a `Vec`, a slice or an
 /// array ([`Buffer`]).
 ///
+/// The host reads f32 values where they lie in the guest's memory (they
+/// cross as their bits, `collective-bits`), f64 and i64 values as a copy.
 /// The result arrives as a new list in the guest's memory. A `Vec` is
 /// replaced by it, without a copy (its capacity becomes its length, and its
 /// old allocation is freed); a slice or an array gets the result copied
@@ -186,6 +188,16 @@ macro_rules! reducible {
     };
 }
 
-reducible!(f32, wit::all_reduce_f32);
+/// f32 values go as their bits: the host reads a list of integers where it
+/// lies, and copies a list of floats first.
+impl Reducible for f32 {
+    fn combine(data: &[Self], op: Op) -> Result<Vec<Self>, CollectiveError> {
+        // SAFETY: u32 has the size and alignment of f32, and every bit
+        // pattern is a u32.
+        let bits = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u32>(), data.len()) };
+        Ok(crate::wit::trainhost::train::collective_bits::all_reduce_f32(bits, op.into())?)
+    }
+}
+
 reducible!(f64, wit::all_reduce_f64);
 reducible!(i64, wit::all_reduce_s64);

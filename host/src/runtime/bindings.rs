@@ -1,9 +1,28 @@
 //! Host bindings generated from `wit/trainhost.wit`. Nothing here is written
 //! by hand; `session.rs`, `collective.rs` and `tensors.rs` implement the
 //! generated traits for a rank (`rank.rs`).
+//!
+//! They are generated for the guests' world `trainer` but for its
+//! `collective-bits` import, whose functions are written by hand
+//! (`collective_bits.rs`): generated ones lift every list into a host
+//! vector, and those read the guest's list where it lies. A guest's import
+//! the world below lacks is found missing when the guest is linked, so an
+//! import added to `trainer` and not here fails every test run.
 
 wasmtime::component::bindgen!({
     path: "../wit",
+    inline: "
+        package trainhost:host;
+
+        world trainer {
+            import trainhost:train/context@0.1.8;
+            import trainhost:train/session@0.1.8;
+            import trainhost:train/collective@0.1.8;
+            import trainhost:train/tensors@0.1.8;
+
+            export train: func() -> result<_, string>;
+        }
+    ",
     world: "trainer",
     // Every import may trap: that is how a rank is stopped when the run
     // fails elsewhere while it waits in `report`. The calls that wait for

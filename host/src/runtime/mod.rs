@@ -4,6 +4,7 @@
 mod bindings;
 pub(crate) mod cache;
 mod collective;
+mod collective_bits;
 mod guest;
 mod kernel_calls;
 pub(crate) mod limits;
@@ -111,6 +112,8 @@ impl GuestComponent {
         writes::wrap_filesystem::<RankState>(&mut linker)
             .map_err(engine_err("link the WASI imports"))?;
         Trainer::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(engine_err("link trainhost's imports"))?;
+        collective_bits::add_to_linker(&mut linker)
             .map_err(engine_err("link trainhost's imports"))?;
         if let Some(message) = describe_mismatch(&engine, &component) {
             return Err(guest_err(message, None));

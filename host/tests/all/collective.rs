@@ -126,6 +126,39 @@ fn every_operation_and_type_gives_every_rank_the_reference_result() {
     }
 }
 
+/// A rank whose f32 list the host copies (`collective.all-reduce-f32`, as
+/// a Python guest calls it) meets ranks whose lists it reads where they lie
+/// (`collective-bits`, the Rust SDK's call): every rank gets the reference
+/// result, combined by one thread and split across the ranks.
+#[test]
+fn ranks_lending_their_values_and_ranks_copying_them_get_the_same_result() {
+    let ranks = 3;
+    let mut cases = Vec::new();
+    for op in ["sum", "mean", "min", "max"] {
+        for len in [1001, 100_003] {
+            cases.push((op, len));
+        }
+    }
+    let steps: Vec<Value> = cases
+        .iter()
+        .flat_map(|(op, len)| {
+            [
+                json!({"all_reduce": "f32", "op": op, "len": len, "into": "list", "ranks": [0]}),
+                json!({"all_reduce": "f32", "op": op, "len": len, "into": "vec", "ranks": [1, 2]}),
+            ]
+        })
+        .collect();
+    let run = run(ranks, Value::Array(steps));
+    run.assert_ok();
+    let want: Vec<String> = cases
+        .iter()
+        .map(|(op, len)| expected(ranks, "f32", op, *len))
+        .collect();
+    for r in 0..ranks {
+        assert_eq!(run.stdout(r), want, "rank {r}");
+    }
+}
+
 /// The SDK takes a `Vec` (replaced by the host's list), a slice or an array
 /// (the result copied in): the same result either way, and on an error the
 /// values stay as they were (the guest checks that).

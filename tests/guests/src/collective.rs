@@ -7,7 +7,9 @@
 //!   [`value`]s of this rank; prints `all_reduce: N FNV` (FNV-1a of the
 //!   result's little-endian bytes). `"into": "slice"` or `"array"` (N = 4)
 //!   passes the values as a slice or an array instead of a `Vec`; on an
-//!   error the values must be unchanged.
+//!   error the values must be unchanged. `"into": "list"` (f32) calls
+//!   `collective.all-reduce-f32`, whose list the host copies, instead of
+//!   the SDK's `collective-bits` call, whose list it reads in place.
 //! - `{"collective_until_stopped": true}`: barriers until one fails, prints
 //!   the error, then calls once more (which stops the rank), or prints
 //!   `never stopped` after 30 s;
@@ -69,7 +71,15 @@ pub fn run(
                 let v: Vec<f32> = (0..len)
                     .map(|i| value(rank, i) as f32 / 7.0 - 60.0)
                     .collect();
-                reduce_into(v, into, op)?.map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                let reduced = match into {
+                    "list" => trainhost_guest::wit::trainhost::train::collective::all_reduce_f32(
+                        &v,
+                        op.into(),
+                    )
+                    .map_err(CollectiveError::from),
+                    _ => reduce_into(v, into, op)?,
+                };
+                reduced.map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
             }
             "f64" => {
                 let v: Vec<f64> = (0..len)
