@@ -13,8 +13,9 @@ use super::collective::op;
 use super::rank::RankState;
 use crate::collective::{Call, Delivered, Lent, Values};
 
-/// The interface's name as guests import it, at this host's version of
-/// the package (a guest of an earlier 0.1.x release is linked to it too).
+/// The interface's name at this host's version of the package; wasmtime
+/// links a guest that imports it at an earlier 0.1.x version (0.1.8 on)
+/// to it too.
 fn interface() -> String {
     let version = super::wit_package().rsplit_once('@').map_or("", |(_, v)| v);
     format!("trainhost:train/collective-bits@{version}")
