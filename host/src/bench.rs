@@ -133,7 +133,7 @@ pub fn all_reduce_exchange(ranks: usize, floats: usize, rounds: u32) -> f64 {
         let tasks = (0..ranks).map(|r| {
             let (exchange, results) = (Arc::clone(&exchange), &results);
             let task: crate::executor::TaskFuture<'_> = Box::pin(async move {
-                match exchange.deliver(r).await {
+                match exchange.deliver(r, true).await {
                     Some(Delivered::Shared(v)) => {
                         *results[r].lock().expect("no panic") = Some(v);
                     }

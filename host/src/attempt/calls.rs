@@ -132,7 +132,10 @@ pub(super) fn settled_everywhere(arrivals: &[Arrival]) -> bool {
 /// empty, of their type), not copied: the ranks get their results from
 /// the round's outcome. Copying a rank's 64 MiB before summing it over 2
 /// nodes cost about a fifth of a bare `MPI_Allreduce` of the same bytes.
-pub(super) fn node_calls(arrivals: &mut [Arrival], first: u32) -> NodeCalls {
+/// Values lent from the guests' memory are read there, into the partial.
+/// `None` if a rank's lent values were returned: its call was dropped, as
+/// the attempt stops.
+pub(super) fn node_calls(arrivals: &mut [Arrival], first: u32) -> Option<NodeCalls> {
     let calls = arrivals
         .iter()
         .map(|a| Summary {
@@ -166,7 +169,7 @@ pub(super) fn node_calls(arrivals: &mut [Arrival], first: u32) -> NodeCalls {
                         _ => None,
                     })
                     .collect();
-                partial = Some((collective::partial(values, op), op));
+                partial = Some((collective::partial(values, op)?, op));
             }
             Some(Call::AllGather { .. }) => parts.extend(collective.iter_mut().map(|c| match c {
                 Call::AllGather { data } => std::mem::take(data),
@@ -183,13 +186,13 @@ pub(super) fn node_calls(arrivals: &mut [Arrival], first: u32) -> NodeCalls {
             Some(Call::Barrier) | None => {}
         }
     }
-    NodeCalls {
+    Some(NodeCalls {
         calls,
         parts,
         files: Ok(Vec::new()),
         partial,
         elements,
-    }
+    })
 }
 
 /// A frame whose payload is `values`, the one part, or else `parts`: each

@@ -123,15 +123,9 @@ impl Shared {
         rank: u32,
         call: Call,
     ) -> Result<Delivered, CollectiveError> {
-        // Across nodes a call's data is framed, sent and combined by
-        // code that takes it from host memory (lent values are read where
-        // they lie only among the ranks of one node).
-        let call = match self.span {
-            Some(_) => call.owned(),
-            None => call,
-        };
+        let lent = call.lends();
         match self.round(rank, Arrival::Collective(call)).await {
-            Ok(Outcome::Exchanged(exchange)) => match exchange.deliver(rank as usize).await {
+            Ok(Outcome::Exchanged(exchange)) => match exchange.deliver(rank as usize, lent).await {
                 Some(delivered) => Ok(delivered),
                 // A rank's lent values were not read: its call was dropped,
                 // as the attempt stops.

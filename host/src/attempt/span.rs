@@ -49,7 +49,11 @@ impl Shared {
         let round = self.gate.rounds();
         let link = &span.link;
         let everywhere = settled_everywhere(&arrivals);
-        let mut mine = node_calls(&mut arrivals, span.layout.world_rank(0));
+        let Some(mut mine) = node_calls(&mut arrivals, span.layout.world_rank(0)) else {
+            // A rank's call was dropped: the attempt is stopping, which
+            // reaches the other nodes as it stops their wait for this one.
+            return Outcome::Failed;
+        };
         // A partial summed over the nodes by MPI stays here.
         let elements = mine.elements;
         let partial = mine.partial.take_if(|(values, op)| {

@@ -17,10 +17,17 @@
 //! on) instead of one rank reducing everything.
 //! Values are combined in rank order whichever thread combines them, so a
 //! result is bit-identical on every rank and from run to run.
+//!
+//! Across nodes (`span.rs`) each node combines its ranks' values into one
+//! partial result (lent values read where they lie) for the exchange
+//! between the nodes, and its ranks take the result from [`Reduced`]: the
+//! lending ones share it.
 
+mod combine;
 mod latch;
 mod lent;
 mod reduce;
+mod reduced;
 mod runs;
 mod span;
 
@@ -28,6 +35,7 @@ use std::sync::Arc;
 
 pub(crate) use lent::Lent;
 pub(crate) use reduce::Reduction;
+pub(crate) use reduced::Reduced;
 pub(crate) use span::{combine_in_order, exchanged, finish_sum, partial, sums_over_nodes};
 
 /// How an all-reduce combines values.
@@ -124,19 +132,16 @@ impl Call {
         }
     }
 
-    /// The call with its data in host memory: lent values copied. A round
-    /// across nodes takes calls so (see `attempt/round.rs`).
-    pub fn owned(self) -> Call {
-        match self {
+    /// Whether the call lends its values (see [`Lent`]): its rank lowers
+    /// the result from a buffer the lending ranks share.
+    pub fn lends(&self) -> bool {
+        matches!(
+            self,
             Call::AllReduce {
-                values: Values::F32Lent(lent),
-                op,
-            } => Call::AllReduce {
-                values: Values::F32(lent.to_vec()),
-                op,
-            },
-            other => other,
-        }
+                values: Values::F32Lent(_),
+                ..
+            }
+        )
     }
 
     /// [`Self::signature`] as text, to compare calls on several nodes.
@@ -225,44 +230,6 @@ pub(crate) enum Exchange {
     /// An all-reduce combined elsewhere (across nodes): every rank of
     /// this node gets this result.
     Reduced(Reduced),
-}
-
-/// The result of an all-reduce combined across nodes, for the ranks of
-/// this node: each takes a copy but the last, which takes the buffer
-/// itself (with one rank a node, the result reaches it uncopied).
-#[derive(Debug)]
-pub(crate) struct Reduced(std::sync::Mutex<Taking>);
-
-#[derive(Debug)]
-struct Taking {
-    /// `None` once the last rank took it.
-    values: Option<Values>,
-    /// The ranks still to take it.
-    left: usize,
-}
-
-impl Reduced {
-    /// `values` for `ranks` ranks.
-    pub fn new(values: Values, ranks: usize) -> Self {
-        Self(std::sync::Mutex::new(Taking {
-            values: Some(values),
-            left: ranks,
-        }))
-    }
-
-    /// One rank's result. The copies are made one at a time, under the
-    /// lock: they share the memory bandwidth anyway.
-    fn take(&self) -> Values {
-        let mut taking = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        taking.left = taking.left.saturating_sub(1);
-        let values = if taking.left == 0 {
-            taking.values.take()
-        } else {
-            taking.values.clone()
-        };
-        // Only as many ranks as it was made for take it.
-        values.unwrap_or_else(|| Values::F32(Vec::new()))
-    }
 }
 
 /// The largest result a rank can take without a memory limit: a wasm32
@@ -394,13 +361,14 @@ impl Exchange {
     /// calling thread, which then waits for the other ranks' parts. `None`
     /// if a rank's lent values could not be read (its call was dropped: the
     /// attempt is stopping, see [`Lent`]).
-    pub async fn deliver(self: Arc<Self>, rank: usize) -> Option<Delivered> {
+    /// `lent` says whether the rank lent its values ([`Call::lends`]).
+    pub async fn deliver(self: Arc<Self>, rank: usize, lent: bool) -> Option<Delivered> {
         Some(match &*self {
             Exchange::Barrier => Delivered::Done,
             Exchange::Broadcast(data) => Delivered::Bytes(data.clone()),
             Exchange::AllGather(pieces) => Delivered::Pieces(pieces.clone()),
             Exchange::AllReduce(reduction) => reduction.deliver(rank).await?,
-            Exchange::Reduced(reduced) => Delivered::Values(reduced.take()),
+            Exchange::Reduced(reduced) => reduced.take(lent),
         })
     }
 }
@@ -408,25 +376,6 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every rank of the node gets the result across nodes; the last one
-    /// takes the very buffer.
-    #[test]
-    fn a_result_across_nodes_reaches_every_rank_and_the_last_uncopied() {
-        let buffer = vec![1.5f32; 1000];
-        let address = buffer.as_ptr();
-        let reduced = Reduced::new(Values::F32(buffer), 3);
-        let values = Values::F32(vec![1.5; 1000]);
-        assert_eq!(reduced.take(), values);
-        assert_eq!(reduced.take(), values);
-        match reduced.take() {
-            Values::F32(last) => {
-                assert_eq!(last.as_ptr(), address, "moved, not copied");
-                assert_eq!(last, vec![1.5; 1000]);
-            }
-            other => panic!("{other:?}"),
-        }
-    }
 
     fn f32s(v: &[f32]) -> Call {
         Call::AllReduce {

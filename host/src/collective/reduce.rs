@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use super::combine::{Element, combine_stretch};
 use super::latch::Latch;
 use super::lent::Loans;
 use super::runs::{Runs, f32_buffers, f64_buffers, s64_buffers};
@@ -48,68 +49,9 @@ const SPLIT_BYTES: usize = 256 << 10;
 /// 2.6-3.0 µs).
 const SPLIT_BYTES_OWN_THREADS: usize = 16 << 10;
 
-/// Elements combined at a time: the partial result stays in the L1 cache
-/// while every rank's slice is added to it.
-const BLOCK: usize = 2048;
-
 /// Slices start at a multiple of this many elements, so that two threads
 /// never write the same cache line.
 const ALIGN: usize = 16;
-
-/// A value all-reduce can combine.
-pub(super) trait Element: Copy + Default + Send + Sync + 'static {
-    fn sum(a: Self, b: Self) -> Self;
-    fn min(a: Self, b: Self) -> Self;
-    fn max(a: Self, b: Self) -> Self;
-    /// `sum / ranks`; only called for floats ([`super::meet`] refuses the
-    /// mean of integers).
-    fn mean(sum: Self, ranks: usize) -> Self;
-}
-
-/// f32 and f64 combine alike.
-macro_rules! float_element {
-    ($($t:ty),*) => {$(
-        impl Element for $t {
-            #[inline(always)]
-            fn sum(a: Self, b: Self) -> Self {
-                a + b
-            }
-            #[inline(always)]
-            fn min(a: Self, b: Self) -> Self {
-                a.min(b)
-            }
-            #[inline(always)]
-            fn max(a: Self, b: Self) -> Self {
-                a.max(b)
-            }
-            #[inline(always)]
-            fn mean(sum: Self, ranks: usize) -> Self {
-                sum / ranks as $t
-            }
-        }
-    )*};
-}
-
-float_element!(f32, f64);
-
-impl Element for i64 {
-    #[inline(always)]
-    fn sum(a: Self, b: Self) -> Self {
-        a.wrapping_add(b)
-    }
-    #[inline(always)]
-    fn min(a: Self, b: Self) -> Self {
-        Ord::min(a, b)
-    }
-    #[inline(always)]
-    fn max(a: Self, b: Self) -> Self {
-        Ord::max(a, b)
-    }
-    #[inline(always)]
-    fn mean(sum: Self, _ranks: usize) -> Self {
-        sum
-    }
-}
 
 /// Every rank's buffer of one all-reduce, combined in place.
 pub(crate) struct Reduction {
@@ -358,54 +300,6 @@ unsafe fn combine<T: Element>(runs: &Runs<T>, range: Range<usize>, op: Op) {
         // pointer lie in one buffer.
         unsafe { combine_stretch(&from, &to, len, op) };
         start += len;
-    }
-}
-
-/// Combine `len` elements from each of `from` in rank order and write the
-/// result to each of `to`, a block at a time.
-///
-/// # Safety
-/// Every pointer is valid for `len` elements, and nothing else accesses
-/// them meanwhile (but for reads of `from` that is not in `to`).
-unsafe fn combine_stretch<T: Element>(from: &[*const T], to: &[*mut T], len: usize, op: Op) {
-    let ranks = from.len();
-    let mut acc = [T::default(); BLOCK];
-    let mut start = 0;
-    while start < len {
-        let n = BLOCK.min(len - start);
-        let acc = &mut acc[..n];
-        // SAFETY: within the `len` elements this thread alone accesses;
-        // each slice lives only within this block's statement.
-        let slice = |p: *const T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
-        acc.copy_from_slice(slice(from[0]));
-        // One loop per operation, so that each is compiled to vector code
-        // rather than a call per element.
-        for &p in &from[1..] {
-            let next = slice(p);
-            match op {
-                Op::Sum | Op::Mean => fold(acc, next, T::sum),
-                Op::Min => fold(acc, next, T::min),
-                Op::Max => fold(acc, next, T::max),
-            }
-        }
-        if op == Op::Mean {
-            for a in acc.iter_mut() {
-                *a = T::mean(*a, ranks);
-            }
-        }
-        for &p in to {
-            // SAFETY: as above; no other slice of this block is alive.
-            unsafe { std::slice::from_raw_parts_mut(p.add(start), n) }.copy_from_slice(acc);
-        }
-        start += n;
-    }
-}
-
-/// `acc[i] = f(acc[i], next[i])`, inlined for each `f`.
-#[inline(always)]
-pub(super) fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T) {
-    for (a, b) in acc.iter_mut().zip(next) {
-        *a = f(*a, *b);
     }
 }
 

@@ -11,8 +11,15 @@
 //! bracketed as the MPI library does), and a larger min or max is
 //! combined by node 0 in node order, once. A mean is summed throughout
 //! and divided once, by the number of all ranks.
+//!
+//! A node's partial is made in one pass over its ranks' values, as on one
+//! host, with values lent from the guests' memory read where they lie: it
+//! is the only copy the node makes of them before they travel.
 
-use super::reduce::{Element, fold};
+use std::sync::Arc;
+
+use super::combine::{Element, combine_parts};
+use super::lent::Loans;
 use super::{Op, Values};
 
 /// How a node's partial result is combined: a mean is a sum until the end.
@@ -20,35 +27,56 @@ fn partial_op(op: Op) -> Op {
     if op == Op::Mean { Op::Sum } else { op }
 }
 
-/// Combine `parts` (equal types and lengths) in order with `op`, then
-/// divide a mean by `ranks`.
+/// Combine `parts` (equal types and lengths, in host memory: other nodes'
+/// partial results and this node's) in order with `op`, then divide a
+/// mean by `ranks`.
 pub(crate) fn combine_in_order(parts: Vec<Values>, op: Op, ranks: usize) -> Values {
-    let mut parts = parts.into_iter().map(Values::into_flat);
-    let first = parts.next().expect("at least one part");
-    let op_now = partial_op(op);
-    macro_rules! go {
-        ($variant:ident, $acc:ident) => {{
-            let mut acc = $acc;
-            for part in parts {
-                let Values::$variant(next) = part else {
-                    unreachable!("types checked before combining")
-                };
-                combine(&mut acc, &next, op_now);
-            }
-            if op == Op::Mean {
-                for a in acc.iter_mut() {
-                    *a = Element::mean(*a, ranks);
-                }
-            }
-            Values::$variant(acc)
-        }};
+    // Nothing lent comes here; were it, it would be copied first.
+    let parts = parts
+        .into_iter()
+        .map(|p| match p {
+            Values::F32Lent(_) => p.into_flat(),
+            p => p,
+        })
+        .collect();
+    // SAFETY: no part is lent.
+    let mut combined = unsafe { combine_parts(parts, partial_op(op)) };
+    if op == Op::Mean {
+        match &mut combined {
+            Values::F32(v) => divide(v, ranks),
+            Values::F64(v) => divide(v, ranks),
+            Values::S64(v) => divide(v, ranks),
+            // Not made by `combine_parts`.
+            Values::F32Parts(_) | Values::F32Lent(_) => {}
+        }
     }
-    match first {
-        Values::F32(acc) => go!(F32, acc),
-        Values::F64(acc) => go!(F64, acc),
-        Values::S64(acc) => go!(S64, acc),
-        Values::F32Parts(_) | Values::F32Lent(_) => unreachable!("flattened above"),
+    combined
+}
+
+fn divide<T: Element>(values: &mut [T], ranks: usize) {
+    for v in values {
+        *v = T::mean(*v, ranks);
     }
+}
+
+/// The result of a sum over the nodes: a mean divided by `ranks`.
+pub(crate) fn finish_sum(summed: Values, op: Op, ranks: usize) -> Values {
+    combine_in_order(vec![summed], op, ranks)
+}
+
+/// Combine one node's ranks into its partial result (a mean stays a sum),
+/// in one pass over their values. Lent values are read where they lie, so
+/// the result is the only copy made: `None` if a rank's were returned
+/// (its call was dropped: the attempt is stopping).
+pub(crate) fn partial(values: Vec<Values>, op: Op) -> Option<Values> {
+    let mut loans = Loans::default();
+    for v in &values {
+        if let Values::F32Lent(lent) = v {
+            loans.push(Arc::clone(lent.loan()));
+        }
+    }
+    // SAFETY: every lent part is read while its loan is held.
+    loans.read(|| unsafe { combine_parts(values, partial_op(op)) })
 }
 
 /// The largest partial all-reduce result (in bytes) that a node sends
@@ -77,24 +105,6 @@ pub(crate) fn sums_over_nodes(op: Op, len: usize, element_size: u64) -> bool {
     matches!(op, Op::Sum | Op::Mean)
         && !exchanged(len, element_size)
         && len <= crate::cluster::MAX_SUMMED
-}
-
-/// The result of a sum over the nodes: a mean divided by `ranks`.
-pub(crate) fn finish_sum(summed: Values, op: Op, ranks: usize) -> Values {
-    combine_in_order(vec![summed], op, ranks)
-}
-
-/// Combine one node's ranks into its partial result (a mean stays a sum).
-pub(crate) fn partial(values: Vec<Values>, op: Op) -> Values {
-    combine_in_order(values, partial_op(op), 1)
-}
-
-fn combine<T: Element>(acc: &mut [T], next: &[T], op: Op) {
-    match op {
-        Op::Sum | Op::Mean => fold(acc, next, T::sum),
-        Op::Min => fold(acc, next, T::min),
-        Op::Max => fold(acc, next, T::max),
-    }
 }
 
 impl Values {
@@ -194,11 +204,13 @@ fn from_bytes<T: Plain, const N: usize>(bytes: &[u8], each: fn([u8; N]) -> T) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::Lent;
 
     #[test]
     fn a_mean_is_summed_across_nodes_and_divided_once() {
-        let node =
-            |a: f32, b: f32| partial(vec![Values::F32(vec![a]), Values::F32(vec![b])], Op::Mean);
+        let node = |a: f32, b: f32| {
+            partial(vec![Values::F32(vec![a]), Values::F32(vec![b])], Op::Mean).unwrap()
+        };
         let result = combine_in_order(vec![node(1.0, 2.0), node(3.0, 6.0)], Op::Mean, 4);
         assert_eq!(result, Values::F32(vec![3.0]));
         // A node whose ranks hold their values in several buffers.
@@ -209,13 +221,106 @@ mod tests {
             ],
             Op::Sum,
         );
-        assert_eq!(parts, Values::F32(vec![11.0, 22.0, 33.0]));
+        assert_eq!(parts, Some(Values::F32(vec![11.0, 22.0, 33.0])));
         let max = combine_in_order(
             vec![Values::S64(vec![1, 9]), Values::S64(vec![5, 2])],
             Op::Max,
             2,
         );
         assert_eq!(max, Values::S64(vec![5, 9]));
+    }
+
+    /// A node's partial is the same bits whether its ranks' values are
+    /// lent, owned or in several buffers, and is written into the first
+    /// buffer the host owns, if any.
+    #[test]
+    fn a_partial_reads_lent_values_as_it_reads_owned_ones() {
+        let rank = |r: usize, len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7919 + r * 104_729) % 1000) as f32 / 7.0 - 60.0)
+                .collect()
+        };
+        for ranks in 1..=4 {
+            for len in [0, 5, 3000] {
+                let inputs: Vec<Vec<f32>> = (0..ranks).map(|r| rank(r, len)).collect();
+                for op in [Op::Sum, Op::Mean, Op::Min, Op::Max] {
+                    // The reference: one element at a time, in rank order.
+                    let expected: Vec<f32> = (0..len)
+                        .map(|i| {
+                            inputs[1..].iter().fold(inputs[0][i], |a, v| match op {
+                                Op::Sum | Op::Mean => a + v[i],
+                                Op::Min => a.min(v[i]),
+                                Op::Max => a.max(v[i]),
+                            })
+                        })
+                        .collect();
+                    let owned: Vec<Values> = inputs.iter().cloned().map(Values::F32).collect();
+                    assert_eq!(
+                        partial(owned, op),
+                        Some(Values::F32(expected.clone())),
+                        "{ranks} owned, {len}, {op:?}"
+                    );
+                    // SAFETY: `inputs` outlive the lendings and are not
+                    // written.
+                    let lent: Vec<_> = inputs.iter().map(|v| unsafe { Lent::new(v) }).collect();
+                    let all_lent = lent
+                        .iter()
+                        .map(|(l, _)| Values::F32Lent(l.clone()))
+                        .collect();
+                    assert_eq!(
+                        partial(all_lent, op),
+                        Some(Values::F32(expected.clone())),
+                        "{ranks} lent, {len}, {op:?}"
+                    );
+                    // Lent, owned and cut alternately: the result goes
+                    // into the first owned buffer.
+                    let mut first_owned = None;
+                    let mixed = inputs
+                        .iter()
+                        .enumerate()
+                        .map(|(r, v)| match r % 3 {
+                            0 => Values::F32Lent(lent[r].0.clone()),
+                            1 => {
+                                let v = v.clone();
+                                first_owned.get_or_insert(v.as_ptr());
+                                Values::F32(v)
+                            }
+                            _ => {
+                                let (a, b) = v.split_at(v.len() / 3);
+                                Values::F32Parts(vec![a.to_vec(), b.to_vec()])
+                            }
+                        })
+                        .collect();
+                    let mixed = partial(mixed, op);
+                    assert_eq!(
+                        mixed,
+                        Some(Values::F32(expected.clone())),
+                        "{ranks} mixed, {len}, {op:?}"
+                    );
+                    if let (Some(Values::F32(result)), Some(at)) = (mixed, first_owned) {
+                        assert_eq!(result.as_ptr(), at, "written in place");
+                    }
+                }
+            }
+        }
+        // One rank's own values are the partial as they are.
+        let values = vec![2.5f32; 100];
+        let at = values.as_ptr();
+        match partial(vec![Values::F32(values)], Op::Sum) {
+            Some(Values::F32(v)) => assert_eq!(v.as_ptr(), at),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Values whose lender's call ended are not read: no partial.
+    #[test]
+    fn a_partial_of_returned_values_is_none() {
+        let values = vec![1.0f32; 64];
+        // SAFETY: `values` outlive the lending and are not written.
+        let (lent, lending) = unsafe { Lent::new(&values) };
+        drop(lending);
+        let parts = vec![Values::F32(vec![1.0; 64]), Values::F32Lent(lent)];
+        assert_eq!(partial(parts, Op::Sum), None);
     }
 
     #[test]

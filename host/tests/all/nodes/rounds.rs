@@ -140,6 +140,47 @@ fn collectives_of_host_tensors_span_the_nodes() {
     }
 }
 
+/// Ranks whose f32 values the host reads in their guest's memory (the
+/// SDK's `Vec`) and ranks whose values it copies (the lifted list) get
+/// the same result across nodes, bit for bit, on every path a round
+/// crosses the nodes by: with the calls (small), summed by MPI, combined
+/// on node 0 (min and max).
+#[test]
+fn ranks_lending_their_values_and_ranks_copying_them_agree_across_nodes() {
+    if !have_mpiexec() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, usize)> = ["sum", "mean", "max"]
+        .into_iter()
+        .flat_map(|op| [(op, 1000), (op, 100_003)])
+        .collect();
+    // Rank 0 copies beside rank 1 lending on node 0; node 1's ranks lend.
+    // Then every rank copies.
+    let steps: Vec<serde_json::Value> = cases
+        .iter()
+        .flat_map(|(op, len)| {
+            [
+                json!({"all_reduce": "f32", "op": op, "len": len, "into": "list", "ranks": [0]}),
+                json!({"all_reduce": "f32", "op": op, "len": len, "into": "vec", "ranks": [1, 2, 3]}),
+                json!({"all_reduce": "f32", "op": op, "len": len, "into": "list"}),
+            ]
+        })
+        .collect();
+    let (ok, stdout, stderr) = mpiexec(&[(2, scripted_args(4, json!(steps), &[]))], dir.path());
+    assert!(ok, "{stdout}\n{stderr}");
+    let first = rank_lines(&stdout, 0);
+    assert_eq!(first.len(), 2 * cases.len(), "{stdout}");
+    for (pair, (op, len)) in first.chunks(2).zip(&cases) {
+        assert_eq!(pair[0], pair[1], "{op} of {len}: lent and copied\n{stdout}");
+    }
+    let max = crate::collective::expected(4, "f32", "max", 100_003);
+    assert!(first.contains(&max.as_str()), "{stdout}");
+    for rank in 1..4 {
+        assert_eq!(rank_lines(&stdout, rank), first, "rank {rank}\n{stdout}");
+    }
+}
+
 #[test]
 fn calls_that_differ_across_nodes_fail_every_node_naming_each_rank() {
     if !have_mpiexec() {
