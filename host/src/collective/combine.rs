@@ -18,7 +18,7 @@ use super::{Op, Values};
 const BLOCK: usize = 2048;
 
 /// A value all-reduce can combine.
-pub(super) trait Element: Copy + Default + Send + Sync + 'static {
+pub(super) trait Element: Copy + Send + Sync + 'static {
     fn sum(a: Self, b: Self) -> Self;
     fn min(a: Self, b: Self) -> Self;
     fn max(a: Self, b: Self) -> Self;
@@ -114,9 +114,7 @@ pub(super) unsafe fn combine_stretch<T: Element>(
         };
         fold_all(acc, rest.iter().map(|&p| slice(p)), op);
         if op == Op::Mean {
-            for a in acc.iter_mut() {
-                *a = T::mean(*a, ranks);
-            }
+            divide(acc, ranks);
         }
         for &p in to {
             // SAFETY: as above; no other slice of this block is alive.
@@ -155,9 +153,7 @@ unsafe fn combine_into<T: Element>(
         let acc = unsafe { std::slice::from_raw_parts_mut(into.add(start), n) };
         fold_all(acc, rest.iter().map(|&p| slice(p)), op);
         if op == Op::Mean {
-            for a in acc.iter_mut() {
-                *a = T::mean(*a, ranks);
-            }
+            divide(acc, ranks);
         }
         start += n;
     }
@@ -179,9 +175,16 @@ fn fold_all<'a, T: Element>(acc: &mut [T], next: impl Iterator<Item = &'a [T]>, 
 
 /// `acc[i] = f(acc[i], next[i])`, inlined for each `f`.
 #[inline(always)]
-pub(super) fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T) {
+fn fold<T: Element>(acc: &mut [T], next: &[T], f: impl Fn(T, T) -> T) {
     for (a, b) in acc.iter_mut().zip(next) {
         *a = f(*a, *b);
+    }
+}
+
+/// A mean's sums divided by the number of `ranks`.
+pub(super) fn divide<T: Element>(sums: &mut [T], ranks: usize) {
+    for v in sums {
+        *v = T::mean(*v, ranks);
     }
 }
 

@@ -18,7 +18,7 @@
 
 use std::sync::Arc;
 
-use super::combine::{Element, combine_parts};
+use super::combine::{combine_parts, divide};
 use super::lent::Loans;
 use super::{Op, Values};
 
@@ -51,12 +51,6 @@ pub(crate) fn combine_in_order(parts: Vec<Values>, op: Op, ranks: usize) -> Valu
         }
     }
     combined
-}
-
-fn divide<T: Element>(values: &mut [T], ranks: usize) {
-    for v in values {
-        *v = T::mean(*v, ranks);
-    }
 }
 
 /// The result of a sum over the nodes: a mean divided by `ranks`.
