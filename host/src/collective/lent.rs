@@ -63,13 +63,9 @@ impl Lent {
         self.len
     }
 
-    /// The first value: read only while [`Self::loan`] is held.
+    /// The first value: read only while its loan is held ([`Loans::read`]).
     pub(super) fn as_ptr(&self) -> *const f32 {
         self.ptr
-    }
-
-    pub(super) fn loan(&self) -> &Arc<Loan> {
-        &self.loan
     }
 
     /// A copy of the values in host memory; zeros if the lender's call has
@@ -127,6 +123,22 @@ impl Loans {
         self.0.push(loan);
     }
 
+    /// The loans of every rank's values in `values` that are lent.
+    pub fn of(values: &[super::Values]) -> Self {
+        let mut loans = Self::default();
+        for v in values {
+            if let super::Values::F32Lent(lent) = v {
+                loans.push(Arc::clone(&lent.loan));
+            }
+        }
+        loans
+    }
+
+    /// How many ranks lend their values.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Hold every loan while `read` runs; `None` (and `read` not run) if
     /// any was returned.
     pub fn read<R>(&self, read: impl FnOnce() -> R) -> Option<R> {
@@ -157,7 +169,7 @@ mod tests {
         let (lent, lending) = unsafe { Lent::new(&values) };
         assert_eq!(lent.to_vec(), values);
         let mut loans = Loans::default();
-        loans.push(lent.loan().clone());
+        loans.push(lent.loan.clone());
         assert_eq!(loans.read(|| 7), Some(7));
         drop(lending);
         assert_eq!(loans.read(|| 7), None, "a returned loan is not read");
@@ -171,7 +183,7 @@ mod tests {
         // SAFETY: `values` outlives the lending and is not written.
         let (lent, lending) = unsafe { Lent::new(&values) };
         let mut loans = Loans::default();
-        loans.push(lent.loan().clone());
+        loans.push(lent.loan.clone());
         let (reading, read) = std::sync::mpsc::channel();
         let returned = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {

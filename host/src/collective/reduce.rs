@@ -159,14 +159,8 @@ impl Reduction {
         let bytes = len * values.first().map_or(0, |v| v.element_size() as usize);
         let ranks = values.len();
         let split = ranks > 1 && bytes >= split_from(ranks);
-        let mut loans = Loans::default();
-        let mut lending = 0;
-        for v in &values {
-            if let Values::F32Lent(lent) = v {
-                loans.push(lent.loan().clone());
-                lending += 1;
-            }
-        }
+        let loans = Loans::of(&values);
+        let lending = loans.len();
         let mut shared = None;
         let elements = match values.first() {
             Some(Values::F64(_)) => Elements::F64(Runs::new(&mut values, f64_buffers)),

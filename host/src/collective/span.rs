@@ -16,8 +16,6 @@
 //! host, with values lent from the guests' memory read where they lie: it
 //! is the only copy the node makes of them before they travel.
 
-use std::sync::Arc;
-
 use super::combine::{combine_parts, divide};
 use super::lent::Loans;
 use super::{Op, Values};
@@ -63,12 +61,7 @@ pub(crate) fn finish_sum(summed: Values, op: Op, ranks: usize) -> Values {
 /// the result is the only copy made: `None` if a rank's were returned
 /// (its call was dropped: the attempt is stopping).
 pub(crate) fn partial(values: Vec<Values>, op: Op) -> Option<Values> {
-    let mut loans = Loans::default();
-    for v in &values {
-        if let Values::F32Lent(lent) = v {
-            loans.push(Arc::clone(lent.loan()));
-        }
-    }
+    let loans = Loans::of(&values);
     // SAFETY: every lent part is read while its loan is held.
     loans.read(|| unsafe { combine_parts(values, partial_op(op)) })
 }
