@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::layout::{HISTORY, now_rfc3339};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::layout::{HISTORY, rfc3339};
 use crate::metrics::Metrics;
 
 /// One entry of the metrics history: one report (see
@@ -47,6 +49,10 @@ pub(crate) struct HistoryError {
 pub(crate) struct History {
     records: Vec<ReportRecord>,
     jsonl: Vec<u8>,
+    /// The second of the last report's time stamp, and the stamp: reports
+    /// of the same second share it instead of formatting it again (a
+    /// report is recorded while its ranks wait).
+    stamp: Option<(u64, String)>,
 }
 
 impl History {
@@ -60,6 +66,7 @@ impl History {
         Ok(Self {
             records,
             jsonl: bytes,
+            stamp: None,
         })
     }
 
@@ -69,12 +76,25 @@ impl History {
             report_index,
             metrics,
             checkpoint,
-            time: now_rfc3339(),
+            time: self.now(),
         };
-        let mut line = serde_json::to_vec(&record).expect("reports serialize");
-        line.push(b'\n');
-        self.jsonl.extend_from_slice(&line);
+        serde_json::to_writer(&mut self.jsonl, &record).expect("reports serialize");
+        self.jsonl.push(b'\n');
         self.records.push(record);
+    }
+
+    /// The time now, as a report's time stamp.
+    fn now(&mut self) -> String {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        match &self.stamp {
+            Some((last, stamp)) if *last == second => stamp.clone(),
+            _ => {
+                let stamp = rfc3339(now);
+                self.stamp = Some((second, stamp.clone()));
+                stamp
+            }
+        }
     }
 
     /// Every report, oldest first.

@@ -51,7 +51,12 @@ pub fn parse_checkpoint_dir_name(name: &str) -> Option<u64> {
 
 /// Current time as RFC 3339 with seconds, UTC.
 pub fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+    rfc3339(std::time::SystemTime::now())
+}
+
+/// `time` as RFC 3339 with seconds, UTC.
+pub fn rfc3339(time: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(time).to_string()
 }
 
 #[cfg(test)]
