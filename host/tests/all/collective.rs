@@ -127,9 +127,10 @@ fn every_operation_and_type_gives_every_rank_the_reference_result() {
 }
 
 /// A rank whose f32 list the host copies (`collective.all-reduce-f32`, as
-/// a Python guest calls it) meets ranks whose lists it reads where they lie
-/// (`collective-bits`, the Rust SDK's call): every rank gets the reference
-/// result, combined by one thread and split across the ranks.
+/// a Python guest and the Rust SDK below 1 MiB call it) meets ranks
+/// whose lists it reads where they lie (`collective-bits`, the Rust SDK's
+/// call from 1 MiB): every rank gets the reference result, combined
+/// by one thread and split across the ranks.
 #[test]
 fn ranks_lending_their_values_and_ranks_copying_them_get_the_same_result() {
     let ranks = 3;
@@ -144,7 +145,7 @@ fn ranks_lending_their_values_and_ranks_copying_them_get_the_same_result() {
         .flat_map(|(op, len)| {
             [
                 json!({"all_reduce": "f32", "op": op, "len": len, "into": "list", "ranks": [0]}),
-                json!({"all_reduce": "f32", "op": op, "len": len, "into": "vec", "ranks": [1, 2]}),
+                json!({"all_reduce": "f32", "op": op, "len": len, "into": "bits", "ranks": [1, 2]}),
             ]
         })
         .collect();
@@ -160,14 +161,18 @@ fn ranks_lending_their_values_and_ranks_copying_them_get_the_same_result() {
 }
 
 /// The SDK takes a `Vec` (replaced by the host's list), a slice or an array
-/// (the result copied in): the same result either way, and on an error the
-/// values stay as they were (the guest checks that).
+/// (the result copied in): the same result either way, whether the host
+/// copies the values (f32 below 1 MiB) or reads them where they lie
+/// (from 1 MiB), and on an error the values stay as they were (the
+/// guest checks that).
 #[test]
 fn a_vec_a_slice_and_an_array_get_the_same_result() {
     let ranks = 3;
     let cases = [
         ("f32", "sum", 100_003, "vec"),
         ("f32", "sum", 100_003, "slice"),
+        ("f32", "mean", 300_007, "vec"),
+        ("f32", "max", 300_007, "slice"),
         ("f64", "mean", 1001, "slice"),
         ("s64", "max", 4, "vec"),
         ("s64", "max", 4, "slice"),

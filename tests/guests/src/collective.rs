@@ -8,8 +8,9 @@
 //!   result's little-endian bytes). `"into": "slice"` or `"array"` (N = 4)
 //!   passes the values as a slice or an array instead of a `Vec`; on an
 //!   error the values must be unchanged. `"into": "list"` (f32) calls
-//!   `collective.all-reduce-f32`, whose list the host copies, instead of
-//!   the SDK's `collective-bits` call, whose list it reads in place.
+//!   `collective.all-reduce-f32`, whose list the host copies, and
+//!   `"bits"` `collective-bits.all-reduce-f32`, whose list it reads in
+//!   place, whatever the size (the SDK's `all_reduce` picks one by size).
 //! - `{"collective_until_stopped": true}`: barriers until one fails, prints
 //!   the error, then calls once more (which stops the rank), or prints
 //!   `never stopped` after 30 s;
@@ -77,6 +78,14 @@ pub fn run(
                         op.into(),
                     )
                     .map_err(CollectiveError::from),
+                    "bits" => {
+                        let bits: Vec<u32> = v.iter().map(|x| x.to_bits()).collect();
+                        trainhost_guest::wit::trainhost::train::collective_bits::all_reduce_f32(
+                            &bits,
+                            op.into(),
+                        )
+                        .map_err(CollectiveError::from)
+                    }
                     _ => reduce_into(v, into, op)?,
                 };
                 reduced.map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())

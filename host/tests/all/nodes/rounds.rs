@@ -140,8 +140,8 @@ fn collectives_of_host_tensors_span_the_nodes() {
     }
 }
 
-/// Ranks whose f32 values the host reads in their guest's memory (the
-/// SDK's `Vec`) and ranks whose values it copies (the lifted list) get
+/// Ranks whose f32 values the host reads in their guest's memory
+/// (`collective-bits`) and ranks whose values it copies (the lifted list) get
 /// the same result across nodes, bit for bit, on every path a round
 /// crosses the nodes by: with the calls (small), summed by MPI, combined
 /// on node 0 (min and max).
@@ -162,7 +162,7 @@ fn ranks_lending_their_values_and_ranks_copying_them_agree_across_nodes() {
         .flat_map(|(op, len)| {
             [
                 json!({"all_reduce": "f32", "op": op, "len": len, "into": "list", "ranks": [0]}),
-                json!({"all_reduce": "f32", "op": op, "len": len, "into": "vec", "ranks": [1, 2, 3]}),
+                json!({"all_reduce": "f32", "op": op, "len": len, "into": "bits", "ranks": [1, 2, 3]}),
                 json!({"all_reduce": "f32", "op": op, "len": len, "into": "list"}),
             ]
         })
