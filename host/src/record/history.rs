@@ -1,9 +1,9 @@
 //! The metrics history (R9): every report of the run, one JSON object a
 //! line, appended in report order.
 
-use serde::{Deserialize, Serialize};
-
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
 
 use super::layout::{HISTORY, rfc3339};
 use crate::metrics::Metrics;

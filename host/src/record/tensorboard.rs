@@ -103,7 +103,9 @@ impl EventFile {
 /// are flags and text is text, not curves.
 fn plotted(r: &ReportRecord) -> impl Iterator<Item = (&str, f32)> {
     r.metrics.iter().filter_map(|(name, value)| match value {
-        // Through f64, as TensorBoard's writers round an integer.
+        // Through f64, as the files written so far rounded an integer:
+        // the file is made again from the whole history, and a reader
+        // following it must find the bytes it read unchanged.
         crate::metrics::MetricValue::Integer(i) => Some((name, *i as f64 as f32)),
         crate::metrics::MetricValue::Float(f) => Some((name, *f as f32)),
         _ => None,
