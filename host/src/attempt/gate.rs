@@ -207,12 +207,17 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
     /// Returns `Err(Ok(violation))` when this call broke the protocol (the
     /// caller fails the run), `Err(Err(Aborted))` when the run is failing
     /// for another reason.
-    pub async fn arrive(
+    ///
+    /// A plain function returning the waiting future, not an `async fn`:
+    /// that would keep `arrival` and `lead` in its state beside the future
+    /// they move into, and each report's future is boxed by the bindings
+    /// (see `crate::runtime::session`).
+    pub fn arrive<L: FnOnce(Gathered<A>) -> O>(
         &self,
         rank: usize,
         arrival: A,
-        lead: impl FnOnce(Gathered<A>) -> O,
-    ) -> Result<O, Result<Violation, Aborted>> {
+        lead: L,
+    ) -> impl Future<Output = Result<O, Result<Violation, Aborted>>> + use<'_, A, O, L> {
         let mut arriving = Some((arrival, lead));
         let mut round = 0;
         std::future::poll_fn(move |cx| {
@@ -235,7 +240,6 @@ impl<A: Describe, O: Clone> ReportGate<A, O> {
             };
             self.wait(st, rank, round, arrived, cx)
         })
-        .await
     }
 
     /// The part of [`Self::arrive`] that does not wait: the arrival, and

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use cap_std::fs::Dir;
+use futures::future::Either;
 
 use super::{Aborted, Shared};
 use crate::collective::{Call, CollectiveError, Delivered};
@@ -149,23 +150,25 @@ impl RankHandle {
     }
 
     /// The rank's part of the next collective report (R6), with the
-    /// checkpoint directory the guest named, if any. Returns once the
-    /// report is recorded (or committed, in the blocking mode), with a
-    /// refusal the guest sees, or `Aborted` if the attempt is stopping.
-    pub async fn report(
-        &self,
+    /// checkpoint directory the guest named, if any. The directory is
+    /// captured (or refused) at once; the future returned completes once
+    /// the report is recorded (or committed, in the blocking mode), with a
+    /// refusal the guest sees, or `Aborted` if the attempt is stopping. It
+    /// borrows nothing of `checkpoint`.
+    pub fn report<'h>(
+        &'h self,
         metrics: Metrics,
         checkpoint: Option<Reported<'_>>,
-    ) -> Result<Result<(), Refused>, Aborted> {
+    ) -> impl Future<Output = Result<Result<(), Refused>, Aborted>> + use<'h> {
         let capture = match checkpoint {
             None => None,
             Some(reported) => match self.capture(reported) {
                 Ok(capture) => Some(capture),
-                Err(refused) => return Ok(Err(refused)),
+                Err(refused) => return Either::Left(std::future::ready(Ok(Err(refused)))),
             },
         };
         self.attempt.supervisor.count_report(self.rank);
-        self.attempt.report(self.rank, metrics, capture).await
+        Either::Right(self.attempt.report(self.rank, metrics, capture))
     }
 
     fn capture(&self, reported: Reported<'_>) -> Result<crate::persist::Capture, Refused> {

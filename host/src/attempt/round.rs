@@ -10,6 +10,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use futures::FutureExt;
+
 use super::gate::{Describe, Gathered, Violation, ordinal};
 use super::queue::RecordFailed;
 use super::{Aborted, Refused, Shared};
@@ -100,20 +102,21 @@ impl Shared {
     /// Rank `rank`'s part of the next collective report. Returns the
     /// report's outcome, or `Aborted` if the attempt is stopping (this call
     /// may be the cause).
-    pub(super) async fn report(
+    pub(super) fn report(
         &self,
         rank: u32,
         metrics: Metrics,
         capture: Option<Capture>,
-    ) -> Result<Result<(), Refused>, Aborted> {
-        match self.round(rank, Arrival::Report { metrics, capture }).await {
-            Ok(Outcome::Recorded) => Ok(Ok(())),
-            Ok(Outcome::Refused(collision)) => Ok(Err(Refused::Collision(collision))),
-            Ok(Outcome::RefusedElsewhere(message)) => Ok(Err(Refused::Elsewhere(message))),
-            // A report has no error for a mismatch: the rank is stopped,
-            // and the run fails saying why.
-            Ok(_) | Err(_) => Err(Aborted),
-        }
+    ) -> impl Future<Output = Result<Result<(), Refused>, Aborted>> + use<'_> {
+        self.round(rank, Arrival::Report { metrics, capture })
+            .map(|outcome| match outcome {
+                Ok(Outcome::Recorded) => Ok(Ok(())),
+                Ok(Outcome::Refused(collision)) => Ok(Err(Refused::Collision(collision))),
+                Ok(Outcome::RefusedElsewhere(message)) => Ok(Err(Refused::Elsewhere(message))),
+                // A report has no error for a mismatch: the rank is
+                // stopped, and the run fails saying why.
+                Ok(_) | Err(_) => Err(Aborted),
+            })
     }
 
     /// Rank `rank`'s part of the next collective call of the `collective`
@@ -150,30 +153,38 @@ impl Shared {
     /// Arrive for the next round and wait for its outcome. `Err` when the
     /// attempt is stopping: with the violation if the ranks broke the
     /// protocol (the run is failed with it).
-    async fn round(&self, rank: u32, arrival: Arrival) -> Result<Outcome, Option<Violation>> {
+    ///
+    /// Its callers' futures hold this one, and a report's is boxed by the
+    /// bindings: the future is the gate's own with the outcome mapped, no
+    /// `async fn` state around it that would keep the arrival twice.
+    fn round(
+        &self,
+        rank: u32,
+        arrival: Arrival,
+    ) -> impl Future<Output = Result<Outcome, Option<Violation>>> + use<'_> {
         // Waiting for slower ranks is not stalling; the stall clock starts
         // again when the call returns.
         self.supervisor.waiting(rank, true);
-        let outcome = self
-            .gate
+        self.gate
             .arrive(rank as usize, arrival, |gathered| self.lead(gathered))
-            .await;
-        self.supervisor.alive(rank);
-        self.supervisor.waiting(rank, false);
-        match outcome {
-            Ok(Outcome::Mismatch(violation)) | Err(Ok(violation)) => {
-                // Every rank of a mismatched round gets here; the first
-                // failure is the one kept.
-                self.fail_protocol(violation.clone());
-                Err(Some(violation))
-            }
-            Ok(Outcome::MismatchEverywhere(violation)) => {
-                self.fail_here(protocol_failure(&violation));
-                Err(Some(violation))
-            }
-            Ok(Outcome::Failed) | Err(Err(Aborted)) => Err(None),
-            Ok(outcome) => Ok(outcome),
-        }
+            .map(move |outcome| {
+                self.supervisor.alive(rank);
+                self.supervisor.waiting(rank, false);
+                match outcome {
+                    Ok(Outcome::Mismatch(violation)) | Err(Ok(violation)) => {
+                        // Every rank of a mismatched round gets here; the
+                        // first failure is the one kept.
+                        self.fail_protocol(violation.clone());
+                        Err(Some(violation))
+                    }
+                    Ok(Outcome::MismatchEverywhere(violation)) => {
+                        self.fail_here(protocol_failure(&violation));
+                        Err(Some(violation))
+                    }
+                    Ok(Outcome::Failed) | Err(Err(Aborted)) => Err(None),
+                    Ok(outcome) => Ok(outcome),
+                }
+            })
     }
 
     /// The leader's part: run the round every rank has arrived for.

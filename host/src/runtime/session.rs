@@ -4,6 +4,9 @@
 
 use std::path::Path;
 
+use futures::FutureExt;
+use futures::future::Either;
+
 use super::bindings::trainhost::train::{context, session};
 use super::rank::{RankState, StoppedByHost};
 use super::sandbox::SCRATCH_GUEST_PATH;
@@ -38,20 +41,24 @@ impl context::Host for RankState {
 }
 
 impl session::Host for RankState {
-    async fn report(
+    // `report` is a plain function returning its future rather than an
+    // `async fn`: the bindings box that future at every call, and nested
+    // `async fn`s would keep each layer's arguments beside the future they
+    // moved into (over a kilobyte, past the allocator's per-thread cache).
+    fn report(
         &mut self,
         metrics: Vec<session::Metric>,
         checkpoint: Option<String>,
-    ) -> wasmtime::Result<Result<(), session::ReportError>> {
-        self.report_with(metrics, checkpoint, false).await
+    ) -> impl Future<Output = wasmtime::Result<Result<(), session::ReportError>>> + Send {
+        self.report_with(metrics, checkpoint, false)
     }
 
-    async fn report_handing_over(
+    fn report_handing_over(
         &mut self,
         metrics: Vec<session::Metric>,
         checkpoint: String,
-    ) -> wasmtime::Result<Result<(), session::ReportError>> {
-        self.report_with(metrics, Some(checkpoint), true).await
+    ) -> impl Future<Output = wasmtime::Result<Result<(), session::ReportError>>> + Send {
+        self.report_with(metrics, Some(checkpoint), true)
     }
 
     fn preemption_requested(&mut self) -> wasmtime::Result<bool> {
@@ -66,14 +73,18 @@ impl session::Host for RankState {
 }
 
 impl RankState {
-    /// `report`, or with `hand_over`, `report-handing-over`.
-    async fn report_with(
+    /// `report`, or with `hand_over`, `report-handing-over`: the metrics
+    /// and the checkpoint are taken (or refused) at once, and the future
+    /// returned waits for the other ranks.
+    fn report_with(
         &mut self,
         metrics: Vec<session::Metric>,
         checkpoint: Option<String>,
         hand_over: bool,
-    ) -> wasmtime::Result<Result<(), session::ReportError>> {
+    ) -> impl Future<Output = wasmtime::Result<Result<(), session::ReportError>>> + Send + use<'_>
+    {
         use session::ReportError;
+        let refuse = |error| Either::Left(std::future::ready(Ok(Err(error))));
         // Refusals before the ranks meet do not count as this rank's
         // report: the guest may fix the call and make it again.
         let metrics = match Metrics::from_pairs(metrics.into_iter().map(|m| {
@@ -86,10 +97,10 @@ impl RankState {
             (m.name, value)
         })) {
             Ok(m) => m,
-            Err(e) => return Ok(Err(ReportError::InvalidMetrics(e.to_string()))),
+            Err(e) => return refuse(ReportError::InvalidMetrics(e.to_string())),
         };
         if let Err(refused) = self.attempt.check_metrics(&metrics) {
-            return Ok(Err(report_error(refused)));
+            return refuse(report_error(refused));
         }
         let open_for_writing = match checkpoint {
             Some(_) => self.writers.inodes(),
@@ -109,14 +120,18 @@ impl RankState {
                     hand_over: hand_over.then_some(&move_out as HandOver<'_>),
                     open_for_writing,
                 }),
-                Err(e) => return Ok(Err(ReportError::InvalidCheckpoint(e.to_string()))),
+                Err(e) => return refuse(ReportError::InvalidCheckpoint(e.to_string())),
             },
         };
-        match self.attempt.report(metrics, reported).await {
-            Ok(Ok(())) => Ok(Ok(())),
-            Ok(Err(refused)) => Ok(Err(report_error(refused))),
-            Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
-        }
+        Either::Right(
+            self.attempt
+                .report(metrics, reported)
+                .map(|reported| match reported {
+                    Ok(Ok(())) => Ok(Ok(())),
+                    Ok(Err(refused)) => Ok(Err(report_error(refused))),
+                    Err(Aborted) => Err(wasmtime::Error::new(StoppedByHost)),
+                }),
+        )
     }
 }
 
