@@ -185,6 +185,21 @@ impl Metrics {
         Self::default()
     }
 
+    /// About how many bytes these metrics take as a JSON object, as the
+    /// run's history stores them: a number is counted as its longest
+    /// form, a text as its bytes (escapes can make it longer).
+    pub(crate) fn json_bytes(&self) -> usize {
+        let value = |v: &MetricValue| match v {
+            MetricValue::Text(t) => t.len() + 2,
+            _ => 24,
+        };
+        2 + self
+            .0
+            .iter()
+            .map(|(name, v)| name.len() + 4 + value(v))
+            .sum::<usize>()
+    }
+
     fn find(&self, name: &str) -> Result<usize, usize> {
         self.0.binary_search_by(|(k, _)| k.as_str().cmp(name))
     }

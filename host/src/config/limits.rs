@@ -27,7 +27,8 @@ pub struct ResourceLimits {
     /// return) may take. Default: none.
     pub attempt_timeout: Option<Duration>,
     /// Output one rank may write per second, stdout and stderr together,
-    /// averaged over a few seconds. Default 1 MiB/s.
+    /// averaged over a few seconds. Rank 0's reported metrics count too
+    /// (as JSON): the run's history keeps them. Default 1 MiB/s.
     pub max_output_rate: Option<u64>,
     /// Longer output lines are cut to this many bytes, marked as cut (not
     /// a failure). Default 64 KiB.

@@ -196,7 +196,7 @@ impl OutputBudget {
         self.tokens -= n as f64;
         if self.tokens < 0.0 {
             return Err(LimitHit(format!(
-                "exceeded the output limit of {}/s",
+                "exceeded the output limit of {}/s (--max-output-rate)",
                 human_bytes(self.rate)
             )));
         }

@@ -89,6 +89,21 @@ pub(crate) struct RankOutputLimits {
     pub on_line: Box<dyn Fn() + Send + Sync>,
 }
 
+impl RankOutputLimits {
+    /// Take `n` bytes of the rank's output budget, if it has one.
+    pub fn take(&self, n: usize) -> Result<(), LimitHit> {
+        match self
+            .budget
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            Some(budget) => budget.take(n),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One rank's stdout or stderr, as given to its WASI context.
 #[derive(Clone)]
 pub(crate) struct RankStream {
@@ -120,15 +135,7 @@ impl RankStream {
     }
 
     fn push(&self, bytes: &[u8]) -> Result<(), LimitHit> {
-        if let Some(budget) = self
-            .limits
-            .budget
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            budget.take(bytes.len())?;
-        }
+        self.limits.take(bytes.len())?;
         let max = self.limits.max_line;
         let mut buf = self.buffer.lock().unwrap_or_else(|p| p.into_inner());
         buf.pending.extend_from_slice(bytes);

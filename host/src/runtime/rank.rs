@@ -64,6 +64,11 @@ pub(crate) struct RankState {
     pub(super) open: OpenFiles,
     /// How often each slot of `table` lost its tensor (see `program`).
     pub(super) drops: Drops,
+    /// The output budget its stdout and stderr share, which rank 0's
+    /// reported metrics draw on too (R58).
+    pub(super) output: Arc<RankOutputLimits>,
+    /// Bytes of rank 0's reported metrics not yet taken from `output`.
+    pub(super) metrics_owed: usize,
 }
 
 /// How often each slot of a rank's resource table lost its tensor. A
@@ -170,9 +175,14 @@ pub(crate) async fn run_rank(
         rank,
         Stream::Stderr,
         Arc::clone(&shared.output),
-        output_limits,
+        Arc::clone(&output_limits),
     );
-    let ended = match build_state(info, shared, &dirs, attempt.clone(), &stdout, &stderr) {
+    let streams = Streams {
+        stdout: &stdout,
+        stderr: &stderr,
+        limits: output_limits,
+    };
+    let ended = match build_state(info, shared, &dirs, attempt.clone(), streams) {
         Ok(state) => run_train(guest, state, attempt.stopping()).await,
         Err(e) => Ended::Other(RankEnd::Failed(RunFailure {
             rank: Some(rank),
@@ -193,17 +203,23 @@ pub(crate) async fn run_rank(
     attempt.end(end);
 }
 
+/// A rank's two output streams and the limits they share.
+struct Streams<'a> {
+    stdout: &'a RankStream,
+    stderr: &'a RankStream,
+    limits: Arc<RankOutputLimits>,
+}
+
 fn build_state(
     info: RankInfo,
     shared: RankShared,
     dirs: &RankDirs<'_>,
     attempt: RankHandle,
-    stdout: &RankStream,
-    stderr: &RankStream,
+    streams: Streams<'_>,
 ) -> Result<RankState, PreopenFailed> {
     let mut wasi = WasiCtxBuilder::new();
-    wasi.stdout(stdout.clone())
-        .stderr(stderr.clone())
+    wasi.stdout(streams.stdout.clone())
+        .stderr(streams.stderr.clone())
         .env("TMPDIR", SCRATCH_GUEST_PATH)
         .env("HOME", SCRATCH_GUEST_PATH);
     // A file system call (open, read, write, sync of the rank's own files)
@@ -249,6 +265,8 @@ fn build_state(
         writers: OpenForWriting::default(),
         open: OpenFiles::new(info.world_rank, info.local_world_size),
         drops: Drops::default(),
+        output: streams.limits,
+        metrics_owed: 0,
     })
 }
 

@@ -8,6 +8,7 @@ use futures::FutureExt;
 use futures::future::Either;
 
 use super::bindings::trainhost::train::{context, session};
+use super::limits::LimitHit;
 use super::rank::{RankState, StoppedByHost};
 use super::sandbox::SCRATCH_GUEST_PATH;
 use crate::attempt::{Aborted, HandOver, Refused, Reported};
@@ -102,6 +103,9 @@ impl RankState {
         if let Err(refused) = self.attempt.check_metrics(&metrics) {
             return refuse(report_error(refused));
         }
+        if let Err(hit) = self.charge_recorded(&metrics) {
+            return Either::Left(std::future::ready(Err(wasmtime::Error::new(hit))));
+        }
         let open_for_writing = match checkpoint {
             Some(_) => self.writers.inodes(),
             None => Default::default(),
@@ -133,7 +137,44 @@ impl RankState {
                 }),
         )
     }
+
+    /// Rank 0's metrics are the report's, and the run's history keeps
+    /// every report's in memory and in storage: they draw on its output
+    /// budget as its printing does (R58), so that a loop reporting far
+    /// faster than it trains fails the rank instead of filling the host's
+    /// memory. The other ranks' metrics are dropped once checked.
+    fn charge_recorded(&mut self, metrics: &Metrics) -> Result<(), LimitHit> {
+        let Some(rate) = self.shared.limits.max_output_rate else {
+            return Ok(());
+        };
+        if self.info.world_rank != 0 {
+            return Ok(());
+        }
+        self.metrics_owed += HISTORY_LINE_BYTES + metrics.json_bytes();
+        // At most a sixteenth of the budget's burst is owed, so that a
+        // loop within the limit never owes more than the budget holds.
+        let batch = usize::try_from(rate / 4).unwrap_or(usize::MAX);
+        if self.metrics_owed < OWED_AT_MOST.min(batch) {
+            return Ok(());
+        }
+        self.output
+            .take(std::mem::take(&mut self.metrics_owed))
+            .map_err(|LimitHit(hit)| {
+                LimitHit(format!(
+                    "{hit}, counting the metrics it reported (the run's history keeps rank 0's): report less often or fewer metrics, or raise the limit"
+                ))
+            })
+    }
 }
+
+/// What a report's line in the history holds besides its metrics: its
+/// index, its time and the field names.
+const HISTORY_LINE_BYTES: usize = 64;
+
+/// Reported metrics are taken from the budget a few KiB at a time: the
+/// budget's lock and clock cost a report of one metric 3% when taken at
+/// every report, and a budget allows four seconds' worth at once.
+const OWED_AT_MOST: usize = 4 << 10;
 
 /// A refused report as the guest sees it.
 fn report_error(refused: Refused) -> session::ReportError {
@@ -147,3 +188,4 @@ fn report_error(refused: Refused) -> session::ReportError {
         Refused::Collision(_) | Refused::Elsewhere(_) => ReportError::Collision(message),
     }
 }
+

@@ -129,6 +129,56 @@ fn an_output_flood_fails_the_rank() {
 }
 
 #[test]
+fn a_report_flood_fails_rank_0_and_keeps_the_history_bounded() {
+    let limits = ResourceLimits {
+        max_output_rate: Some(64 << 10),
+        ..Default::default()
+    };
+    // About 1.1 KiB a report against a burst of 256 KiB: a few hundred
+    // reports are recorded, not the 100000 the loop makes. Only rank 0's
+    // metrics are kept, so it is the one that fails.
+    let flood = json!([{"report_flood": 100_000, "text_bytes": 1000}]);
+    let run = limited(2, flood, limits.clone(), 0);
+    let e = run.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, FailureKind::Limit);
+    assert_eq!(e.rank, Some(0));
+    assert!(
+        e.message
+            .contains("exceeded the output limit of 64 KiB/s (--max-output-rate), counting the metrics it reported"),
+        "{e}"
+    );
+    let recorded = run.result.metrics_history.len();
+    assert!(
+        (100..400).contains(&recorded),
+        "{recorded} reports recorded"
+    );
+
+    // Within the budget the same reports are all recorded.
+    let run = limited(
+        2,
+        json!([{"report_flood": 100, "text_bytes": 1000}]),
+        limits,
+        0,
+    );
+    run.assert_ok();
+    assert_eq!(run.result.metrics_history.len(), 100);
+}
+
+#[test]
+fn a_loop_reporting_within_the_output_limit_goes_on_past_its_burst() {
+    // 1000 B/s allow 4000 B at once; about 100 B a report, 8 a second,
+    // for 8 s: twice the burst in all, at 0.8 of the rate.
+    let limits = ResourceLimits {
+        max_output_rate: Some(1000),
+        ..Default::default()
+    };
+    let steady = json!([{"report_flood": 64, "text_bytes": 0, "every_ms": 125}]);
+    let run = limited(1, steady, limits, 0);
+    run.assert_ok();
+    assert_eq!(run.result.metrics_history.len(), 64);
+}
+
+#[test]
 fn long_lines_are_cut_not_failed() {
     let limits = ResourceLimits {
         max_line_bytes: 100,

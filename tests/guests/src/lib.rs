@@ -25,6 +25,9 @@
 //! - `{"print": TEXT}` (stdout), `{"eprint": TEXT}` (stderr)
 //! - `{"spin_ms": N}` (computes for N ms without calling trainhost),
 //!   `{"sleep_ms": N}`, `{"alloc_mb": N}`, `{"flood": BYTES}` (stdout)
+//! - `{"report_flood": N, "text_bytes": B, "every_ms": M}`: N reports
+//!   without checkpoint, each `i` and a text `note` of B bytes, M ms apart
+//!   (default 0)
 //! - `{"hardlink": LINK, "target": TARGET}`: prints `hardlink made` or
 //!   `hardlink refused: ...`
 //! - `{"sparse": PATH, "size": N}`: a sparse file of N bytes
@@ -244,6 +247,19 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
         let line = "x".repeat(1023);
         for _ in 0..n / 1024 {
             println!("{line}");
+        }
+    } else if let Some(n) = step.get("report_flood").and_then(Value::as_u64) {
+        let bytes = step.get("text_bytes").and_then(Value::as_u64).unwrap_or(0);
+        let every = std::time::Duration::from_millis(
+            step.get("every_ms").and_then(Value::as_u64).unwrap_or(0),
+        );
+        let note = "n".repeat(bytes as usize);
+        for i in 0..n {
+            let metrics = Metrics::new()
+                .with("i", i as i64)
+                .with("note", note.as_str());
+            trainhost_guest::report(metrics, None).map_err(|e| e.to_string())?;
+            std::thread::sleep(every);
         }
     } else if let Some(ms) = step.get("spin_ms").and_then(Value::as_u64) {
         let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);

@@ -172,7 +172,8 @@ pub struct RunArgs {
     attempt_timeout: Option<Duration>,
 
     /// Output each rank may write per second (stdout and stderr, averaged
-    /// over a few seconds); more fails the rank. 0 for no limit.
+    /// over a few seconds; rank 0's reported metrics count too, as the
+    /// run's history keeps them); more fails the rank. 0 for no limit.
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size, help_heading = "Limits")]
     max_output_rate: u64,
 
