@@ -124,9 +124,10 @@ def _metric(name: str, value: Any) -> _session.Metric:
 
 
 def report(metrics: Dict[str, Any], checkpoint: Optional[str] = None, hand_over: bool = False) -> None:
-    """Report ``metrics`` (rank 0's are recorded) and, optionally, the
-    directory ``checkpoint`` below the scratch directory. Collective: every
-    rank calls it. With ``hand_over`` the host takes the directory and
+    """Report ``metrics`` (rank 0's are recorded, and count toward the
+    host's ``--max-output-rate``: report per step or epoch, not per sample)
+    and, optionally, the directory ``checkpoint`` below the scratch
+    directory. Collective: every rank calls it. With ``hand_over`` the host takes the directory and
     leaves an empty one in its place."""
     items = [_metric(k, v) for k, v in metrics.items()]
     try:

@@ -243,10 +243,11 @@ pub fn preemption_requested() -> bool {
 /// them to their place directly; a failed upload fails the run at the next
 /// report or at the end); with the host's `--wait-for-upload`
 /// it returns once the checkpoint is committed to storage. The recorded
-/// metrics are rank 0's. When several ranks pass a checkpoint, the
-/// committed checkpoint holds the files of all of them (distributed
-/// checkpointing); two ranks may write the same file only with the same
-/// bytes.
+/// metrics are rank 0's, and count toward its output limit (the host's
+/// `--max-output-rate`): report per step or epoch, not per sample. When
+/// several ranks pass a checkpoint, the committed checkpoint holds the
+/// files of all of them (distributed checkpointing); two ranks may write
+/// the same file only with the same bytes.
 ///
 /// When this returns, the checkpoint directory may be deleted, reused or
 /// rewritten in place: the host took the files without copying them (hard
