@@ -41,7 +41,8 @@ pub(crate) struct MemoryLimiter {
     /// The linear memory's size, as last grown.
     linear: u64,
     /// The bytes of the rank's host tensors and programs, with their
-    /// entries' own ([`ENTRY_BYTES`]).
+    /// entries' own ([`ENTRY_BYTES`]), and of its directory listings
+    /// (`listing.rs`).
     tensors: u64,
     /// How many tensors and programs the rank holds.
     entries: u64,
@@ -108,7 +109,7 @@ impl MemoryLimiter {
             .saturating_add(more);
         match self.max {
             Some(max) if total > max => Err(format!(
-                "{what} of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors and programs in use)",
+                "{what} of {} would take the rank past its memory limit of {} ({} of linear memory and {} of tensors, programs and directory listings in use)",
                 human_bytes(if bytes > 0 { bytes } else { beside }),
                 human_bytes(max),
                 human_bytes(self.linear),
@@ -123,7 +124,7 @@ impl MemoryLimiter {
 
     /// Bytes counted by [`Self::take`] or [`Self::take_entries`] (with
     /// the entries' own) were freed.
-    fn give_back(&mut self, bytes: u64) {
+    pub fn give_back(&mut self, bytes: u64) {
         self.tensors = self.tensors.saturating_sub(bytes);
     }
 }
@@ -140,7 +141,7 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
             Some(max) if desired + self.tensors > max => {
                 let tensors = if self.tensors > 0 {
                     format!(
-                        ", with {} of host tensors and programs",
+                        ", with {} of host tensors, programs and directory listings",
                         human_bytes(self.tensors)
                     )
                 } else {
@@ -220,7 +221,10 @@ mod tests {
         assert!(m.take_tensor(273).is_err());
         m.take_tensor(272).unwrap();
         let e = m.memory_growing(600, 700, None).unwrap_err().to_string();
-        assert!(e.contains("with 400 B of host tensors and programs"), "{e}");
+        assert!(
+            e.contains("with 400 B of host tensors, programs and directory listings"),
+            "{e}"
+        );
         m.give_back_tensor(272);
         assert!(m.memory_growing(600, 1000, None).unwrap());
         assert!(MemoryLimiter::new(None).take_tensor(u64::MAX / 2).is_ok());

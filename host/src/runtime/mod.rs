@@ -8,6 +8,7 @@ mod collective_bits;
 mod guest;
 mod kernel_calls;
 pub(crate) mod limits;
+mod listing;
 pub(crate) mod output;
 mod program;
 mod program_run;
@@ -109,8 +110,12 @@ impl GuestComponent {
         let mut linker = Linker::<RankState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(engine_err("link the WASI imports"))?;
-        writes::wrap_filesystem::<RankState>(&mut linker)
-            .map_err(engine_err("link the WASI imports"))?;
+        // Some of wasmtime-wasi's file system functions are replaced.
+        linker.allow_shadowing(true);
+        let wrapped = writes::wrap_filesystem::<RankState>(&mut linker)
+            .and_then(|()| listing::wrap_listings::<RankState>(&mut linker));
+        linker.allow_shadowing(false);
+        wrapped.map_err(engine_err("link the WASI imports"))?;
         Trainer::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(engine_err("link trainhost's imports"))?;
         collective_bits::add_to_linker(&mut linker)

@@ -11,6 +11,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::GuestComponent;
 use super::limits::{LimitHit, MemoryLimiter, OutputBudget};
+use super::listing::Lists;
 use super::output::{OutputSink, RankOutputLimits, RankStream, Stream};
 use super::sandbox::{RESTORE_GUEST_PATH, SCRATCH_GUEST_PATH, Sandbox};
 use super::trap;
@@ -133,6 +134,12 @@ impl WatchesWrites for RankState {
 
     fn open_files(&mut self) -> &mut OpenFiles {
         &mut self.open
+    }
+}
+
+impl Lists for RankState {
+    fn memory(&mut self) -> &mut MemoryLimiter {
+        &mut self.memory
     }
 }
 

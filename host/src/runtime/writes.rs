@@ -6,6 +6,7 @@
 //! of the process's ([`OpenFiles`]); it and the calls that change names
 //! wait while a snapshot is still linking.
 
+use std::any::Any;
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 
@@ -25,7 +26,7 @@ use crate::attempt::{Inode, RankHandle};
 /// wasmtime-wasi defines it (a guest importing an older 0.2 version is
 /// linked to it too). A test in `persistence.rs` fails if the wrapper is
 /// not the one guests call.
-const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+pub(crate) const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
 /// A rank's store data, as the wrapped `open-at` needs it.
 pub(crate) trait WatchesWrites: WasiView + 'static {
@@ -37,22 +38,30 @@ pub(crate) trait WatchesWrites: WasiView + 'static {
 
 /// Files a rank opened and may still hold open: a weak reference to
 /// each, which dies with the guest's last handle on it.
-#[derive(Default)]
-struct Held {
-    files: Vec<Weak<std::fs::File>>,
+struct Held<F: ?Sized> {
+    files: Vec<Weak<F>>,
     /// The length at which closed files are dropped from `files`: twice
     /// what was left the last time, so that the dropping costs a constant
     /// per open however many files the guest keeps open.
     prune_at: usize,
 }
 
-impl Held {
-    fn track(&mut self, file: &Arc<std::fs::File>) {
+impl<F: ?Sized> Default for Held<F> {
+    fn default() -> Self {
+        Self {
+            files: Vec::new(),
+            prune_at: 0,
+        }
+    }
+}
+
+impl<F: ?Sized> Held<F> {
+    fn track(&mut self, file: Weak<F>) {
         if self.files.len() >= self.prune_at {
             self.prune();
             self.prune_at = (2 * self.files.len()).max(64);
         }
-        self.files.push(Arc::downgrade(file));
+        self.files.push(file);
     }
 
     fn prune(&mut self) {
@@ -62,7 +71,7 @@ impl Held {
 
 /// The files a rank opened for writing and may still hold open.
 #[derive(Default)]
-pub(crate) struct OpenForWriting(Held);
+pub(crate) struct OpenForWriting(Held<std::fs::File>);
 
 impl OpenForWriting {
     /// The files still open, by inode.
@@ -81,15 +90,17 @@ impl OpenForWriting {
     }
 }
 
-/// The files and directories a rank opened and still holds, and how many
-/// it may: each holds a descriptor of the process, and the process has a
+/// The files, directories and directory listings (`listing.rs`) a rank
+/// opened and still holds, and how many it may: each holds a descriptor of the process, and the process has a
 /// limited number (`ulimit -n`) that the host needs too, to commit
 /// checkpoints. A rank over its share is refused the next open (WASI's
 /// `quota` error, the closest to the system's "too many open files"), with
 /// a warning that says why; without it, one rank holding files open made
 /// the host's own opens fail, and every rank's report with them.
 pub(crate) struct OpenFiles {
-    held: Held,
+    /// What the rank's open files and directories and its directory
+    /// listings (`listing.rs`) each hold a descriptor in.
+    held: Held<dyn Any + Send + Sync>,
     /// The most the rank may hold at once.
     limit: usize,
     rank: u32,
@@ -107,10 +118,16 @@ impl OpenFiles {
         }
     }
 
-    /// Whether the rank may open one more file or directory. Holding
-    /// `limit` files, each open over it prunes the closed ones: at most
+    /// Count something the rank opened that holds a descriptor while
+    /// `held` lives.
+    pub fn hold(&mut self, held: Weak<dyn Any + Send + Sync>) {
+        self.held.track(held);
+    }
+
+    /// Whether the rank may open one more file, directory or listing.
+    /// Holding `limit`, each open over it prunes the closed ones: at most
     /// `limit` weak references a refused open.
-    fn may_open(&mut self) -> bool {
+    pub fn may_open(&mut self) -> bool {
         if self.held.files.len() < self.limit {
             return true;
         }
@@ -119,7 +136,7 @@ impl OpenFiles {
         if !may && !self.warned {
             self.warned = true;
             tracing::warn!(
-                "rank {} holds {} open files and directories, the most a rank may hold at once (its share of the process's open-file limit, {}; raise it with `ulimit -n`): its further opens fail with `quota` until it closes some",
+                "rank {} holds {} open files, directories and directory listings, the most a rank may hold at once (its share of the process's open-file limit, {}; raise it with `ulimit -n`): its further opens fail with `quota` until it closes some",
                 self.rank,
                 self.limit,
                 process_open_files(),
@@ -152,15 +169,9 @@ fn open_files_per_rank(process: u64, ranks: u32) -> usize {
 /// rank within its share of open files ([`OpenFiles`]), and its
 /// calls that change names (`unlink-file-at`, `rename-at`,
 /// `remove-directory-at`) by ones that first wait for a snapshot still
-/// linking (`Lent::settled`); each then calls wasmtime-wasi's own.
+/// linking (`Lent::settled`); each then calls wasmtime-wasi's own. The
+/// linker must allow shadowing.
 pub(crate) fn wrap_filesystem<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    linker.allow_shadowing(true);
-    let result = wrap(linker);
-    linker.allow_shadowing(false);
-    result
-}
-
-fn wrap<T: WatchesWrites>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     let mut types = linker.instance(FILESYSTEM_TYPES)?;
     types.func_wrap_async(
         "[method]descriptor.open-at",
@@ -284,10 +295,12 @@ async fn open_at<T: WatchesWrites>(
         Err(_) => (None, false),
     };
     if let Some(file) = held {
-        state.open_files().held.track(&file);
         if writer {
-            state.open_for_writing().0.track(&file);
+            state.open_for_writing().0.track(Arc::downgrade(&file));
         }
+        state
+            .open_files()
+            .hold(Arc::downgrade(&file) as Weak<dyn Any + Send + Sync>);
     }
     Ok((Ok(opened),))
 }

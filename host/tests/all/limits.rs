@@ -235,37 +235,14 @@ fn a_rank_holding_files_open_is_refused_past_its_share_and_reports_go_on() {
         {"open_many": "f", "count": 1000, "ranks": [0]},
         {"report": {"i": 1}, "checkpoint": "ck"},
     ]});
-    let out = std::process::Command::new("sh")
-        .args(["-c", "ulimit -n 512 && exec \"$@\"", "sh"])
-        .arg(env!("CARGO_BIN_EXE_trainhost"))
-        .args([
-            "run",
-            trainhost_test_artifacts::TEST_GUEST,
-            "--workers",
-            "2",
-        ])
-        .args([
-            "--config",
-            &config.to_string(),
-            "--storage",
-            "st",
-            "--name",
-            "open",
-        ])
-        .current_dir(dir.path())
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let (stdout, stderr) = run_with_512_open_files(dir.path(), 2, &config);
     assert!(
         stdout.contains("[rank 0] open failed after 128: Quota exceeded"),
         "{stdout}"
     );
     assert!(stdout.contains("[rank 0] opened 128\n"), "{stdout}");
     assert!(
-        stderr.contains("rank 0 holds 128 open files and directories")
+        stderr.contains("rank 0 holds 128 open files, directories and directory listings")
             && stderr.contains("open-file limit, 512; raise it with `ulimit -n`"),
         "{stderr}"
     );

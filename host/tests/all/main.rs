@@ -16,6 +16,7 @@ mod hand_over;
 mod launch;
 mod launchers;
 mod limits;
+mod listings;
 #[cfg(feature = "mpi")]
 mod nodes;
 mod outages;

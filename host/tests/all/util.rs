@@ -342,6 +342,28 @@ impl HostProcess {
     }
 }
 
+/// Run `trainhost run` of the scripted guest with `config`, on `workers`
+/// ranks, storing in `dir`/st, with the process's open-file limit lowered
+/// to 512 (`ulimit -n`); its stdout and stderr, after checking it
+/// succeeded.
+pub fn run_with_512_open_files(dir: &Path, workers: u32, config: &Value) -> (String, String) {
+    let out = std::process::Command::new("sh")
+        .args(["-c", "ulimit -n 512 && exec \"$@\"", "sh"])
+        .arg(env!("CARGO_BIN_EXE_trainhost"))
+        .args(["run", trainhost_test_artifacts::TEST_GUEST])
+        .args(["--workers", &workers.to_string()])
+        .args(["--config", &config.to_string()])
+        .args(["--storage", "st", "--name", "open"])
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
 /// What a `trainhost` process did when run to its end, or killed at a bound.
 #[derive(Debug)]
 pub struct Bounded {

@@ -40,8 +40,8 @@
 //!   requested, then report a checkpoint holding `final` and return
 //!
 //! - the collective steps listed in `collective.rs`, the file steps in
-//!   `files.rs`, the tensor steps in `tensors.rs` and the program steps in
-//!   `programs.rs`
+//!   `files.rs`, the listing steps in `listings.rs`, the tensor steps in
+//!   `tensors.rs` and the program steps in `programs.rs`
 //!
 //! A step with `"when_attempt": [..]` runs only when the restored
 //! checkpoint's `attempt` file holds one of those numbers (0 without one);
@@ -50,6 +50,7 @@
 
 mod collective;
 mod files;
+mod listings;
 mod programs;
 mod tensors;
 
@@ -122,6 +123,7 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
     let io = |e: std::io::Error| e.to_string();
     if collective::run(step, rank, |key| text(step, key, vars))?
         || files::run(|key| text(step, key, vars))?
+        || listings::run(step, |key| text(step, key, vars))?
         || tensors::run(step, rank)?
         || programs::run(step)?
     {
