@@ -8,7 +8,8 @@
 //! checkpoint to resume from (`restore.rs`), the preemption latch, and the
 //! supervision of the gang (`supervisor.rs`: the first failure, the stop
 //! flag, each rank's liveness; `watch.rs`: the thread that enforces the
-//! attempt's time limits, stalls and the preemption grace period).
+//! attempt's time limits, stalls and the preemption grace period;
+//! `scratch.rs`: the one that measures the ranks' scratch directories).
 //!
 //! The runtime sees none of this: each rank gets a [`RankHandle`], which
 //! offers exactly the calls a rank makes (report, get a checkpoint, ask
@@ -37,6 +38,7 @@ mod queue;
 mod recorder;
 mod restore;
 mod round;
+mod scratch;
 mod settle;
 mod shards;
 mod shipper;
@@ -278,7 +280,13 @@ impl Attempt {
     /// (`crate::executor`), rank `r` on thread `r % threads` while that
     /// thread keeps up and on another when it does not, each thread inside the run's I/O runtime so that WASI's timers and
     /// file operations find it.
-    pub fn run<'r>(self, rank: impl Fn(RankHandle) -> TaskFuture<'r>) -> Ended {
+    /// Run the ranks `rank` makes, each with its scratch directory in
+    /// `scratch` (by local rank), watched against the scratch limit.
+    pub fn run<'r>(
+        self,
+        scratch: &[PathBuf],
+        rank: impl Fn(RankHandle) -> TaskFuture<'r>,
+    ) -> Ended {
         let shared = &self.shared;
         let done = AtomicBool::new(false);
         let ranks = shared.world_size as usize;
@@ -291,6 +299,11 @@ impl Attempt {
         );
         std::thread::scope(|scope| {
             let watcher = scope.spawn(|| watch::watch(shared, &done));
+            let ended = &done;
+            let measurer = shared
+                .limits
+                .max_scratch_bytes
+                .map(|limit| scope.spawn(move || scratch::watch(shared, scratch, limit, ended)));
             // The scope waits for every rank before a panic here goes on:
             // stop them, or a rank asleep would keep the host up forever.
             let _stop_on_unwind = StopOnUnwind(shared);
@@ -342,6 +355,10 @@ impl Attempt {
             done.store(true, Ordering::SeqCst);
             watcher.thread().unpark();
             let _ = watcher.join();
+            if let Some(measurer) = measurer {
+                measurer.thread().unpark();
+                let _ = measurer.join();
+            }
         });
         let stop_requested = shared.preemption.is_requested();
         Ended {

@@ -37,6 +37,11 @@ pub struct ResourceLimits {
     /// together; a larger one is refused with an error the guest sees (a
     /// sparse file can claim terabytes). Default: none.
     pub max_checkpoint_bytes: Option<u64>,
+    /// Disk one rank's scratch directory may use: its files' allocated
+    /// blocks (a sparse file counts what it holds). Measured every second
+    /// or so, so a rank writing fast overshoots it by what it writes
+    /// between two measurements; past it, the rank fails. Default: none.
+    pub max_scratch_bytes: Option<u64>,
 }
 
 impl Default for ResourceLimits {
@@ -48,6 +53,7 @@ impl Default for ResourceLimits {
             max_output_rate: Some(1 << 20),
             max_line_bytes: 64 * 1024,
             max_checkpoint_bytes: None,
+            max_scratch_bytes: None,
         }
     }
 }

@@ -111,7 +111,7 @@ impl Gang<'_> {
 
     fn run_ranks(&self, attempt: Attempt, scratch: &[PathBuf]) -> Ended {
         let ticker = self.guest.start_ticker();
-        let ended = attempt.run(|handle| {
+        let ended = attempt.run(scratch, |handle| {
             let rank = handle.rank();
             let info = RankInfo {
                 world_rank: self.layout.world_rank(rank),

@@ -178,6 +178,55 @@ fn a_loop_reporting_within_the_output_limit_goes_on_past_its_burst() {
     assert_eq!(run.result.metrics_history.len(), 64);
 }
 
+/// A rank whose scratch directory holds more than the scratch limit
+/// fails, even asleep, with a message naming the limit and its flag.
+#[test]
+fn a_rank_holding_more_than_the_scratch_limit_fails() {
+    let limits = ResourceLimits {
+        max_scratch_bytes: Some(4 << 20),
+        ..Default::default()
+    };
+    let run = limited(
+        2,
+        json!([
+            {"write": "big", "bytes": 8 << 20, "seed": 1, "ranks": [1]},
+            {"sleep_ms": 60_000},
+        ]),
+        limits,
+        0,
+    );
+    let e = run.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, FailureKind::Limit);
+    assert_eq!(e.rank, Some(1));
+    assert!(
+        e.message.starts_with(
+            "exceeded the scratch limit of 4 MiB (--max-scratch): its scratch directory held 8"
+        ),
+        "{e}"
+    );
+}
+
+/// The scratch limit is on what the directory holds, not on what the rank
+/// writes in all: a rank replacing a file below the limit, measured each
+/// time, goes on; a sparse file counts only the blocks it holds.
+#[test]
+fn a_rank_rewriting_within_the_scratch_limit_goes_on() {
+    let limits = ResourceLimits {
+        max_scratch_bytes: Some(4 << 20),
+        ..Default::default()
+    };
+    let mut steps = vec![json!({"sparse": "sparse", "size": 1u64 << 40})];
+    for seed in 0..3 {
+        steps.push(json!({"write": "f", "bytes": 3 << 20, "seed": seed}));
+        // Longer than the time between two measurements.
+        steps.push(json!({"sleep_ms": 1500}));
+        steps.push(json!({"remove": "f"}));
+    }
+    steps.push(json!({"report": {"i": 1}}));
+    let run = limited(1, json!(steps), limits, 0);
+    run.assert_ok();
+}
+
 #[test]
 fn long_lines_are_cut_not_failed() {
     let limits = ResourceLimits {

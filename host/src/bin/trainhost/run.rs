@@ -186,6 +186,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
     max_checkpoint_size: Option<u64>,
 
+    /// Disk each rank's scratch directory may use, e.g. 20GiB (default: no
+    /// limit). Measured every second or so; a rank holding more fails.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
+    max_scratch: Option<u64>,
+
     /// Keep compiled guests here and reuse them: a warm start skips
     /// compiling. Entries are keyed by the guest's bytes, the wasmtime
     /// version and engine settings; a stale one is recompiled. Default:
@@ -284,6 +289,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 max_output_rate: (args.max_output_rate > 0).then_some(args.max_output_rate),
                 max_line_bytes: usize::try_from(args.max_line).unwrap_or(usize::MAX),
                 max_checkpoint_bytes: args.max_checkpoint_size,
+                max_scratch_bytes: args.max_scratch,
             },
             persist_in_background: !args.wait_for_upload,
             tensorboard: !args.no_tensorboard,
