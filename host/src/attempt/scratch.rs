@@ -9,7 +9,9 @@
 //! pod's ephemeral storage: what it allows past the limit is what a rank
 //! writes between two measurements. Those come every second, or, when a
 //! rank keeps a great many files, as often as keeps the measuring to a
-//! twentieth of a core.
+//! twentieth of a core, but at least every 5 seconds: a guest cannot
+//! widen the gap at will by making files, only make measuring cost more
+//! (about 2 µs a file).
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -24,8 +26,12 @@ use crate::failure::{FailureKind, RunFailure};
 /// The shortest time between two measurements of the ranks' directories.
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Measuring takes at most one part in this many of the time.
+/// Measuring takes at most one part in this many of the time, unless
+/// that would leave more than [`AT_MOST`] between two measurements.
 const SHARE_INVERSE: u32 = 20;
+
+/// The longest time between the end of a measurement and the next.
+const AT_MOST: Duration = Duration::from_secs(5);
 
 /// Measure the ranks' scratch directories (`dirs`, by local rank) until
 /// `done` is set or one holds more than `limit` bytes, which fails its
@@ -49,7 +55,8 @@ pub(super) fn watch(attempt: &Shared, dirs: &[PathBuf], limit: u64, done: &Atomi
             }
         }
         // Parked, so that the end of the attempt wakes it at once.
-        std::thread::park_timeout(EVERY.max(started.elapsed() * (SHARE_INVERSE - 1)));
+        let pause = started.elapsed() * (SHARE_INVERSE - 1);
+        std::thread::park_timeout(pause.clamp(EVERY, AT_MOST));
     }
 }
 

@@ -39,8 +39,9 @@ pub struct ResourceLimits {
     pub max_checkpoint_bytes: Option<u64>,
     /// Disk one rank's scratch directory may use: its files' allocated
     /// blocks (a sparse file counts what it holds). Measured every second
-    /// or so, so a rank writing fast overshoots it by what it writes
-    /// between two measurements; past it, the rank fails. Default: none.
+    /// (every 5 at most, for a rank keeping very many files), so a rank
+    /// writing fast overshoots it by what it writes between two
+    /// measurements; past it, the rank fails. Default: none.
     pub max_scratch_bytes: Option<u64>,
 }
 
