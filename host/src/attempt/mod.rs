@@ -274,14 +274,15 @@ impl Attempt {
 
     /// Run every rank (`rank` makes the future of one, given its handle)
     /// and supervise them until all have ended; then write what they
-    /// reported. Returns how the attempt ended.
+    /// reported. Returns how the attempt ended. `scratch` holds the ranks'
+    /// scratch directories (by local rank), measured against the scratch
+    /// limit.
     ///
     /// The ranks run as tasks on at most one thread per core
     /// (`crate::executor`), rank `r` on thread `r % threads` while that
-    /// thread keeps up and on another when it does not, each thread inside the run's I/O runtime so that WASI's timers and
-    /// file operations find it.
-    /// Run the ranks `rank` makes, each with its scratch directory in
-    /// `scratch` (by local rank), watched against the scratch limit.
+    /// thread keeps up and on another when it does not, each thread
+    /// inside the run's I/O runtime so that WASI's timers and file
+    /// operations find it.
     pub fn run<'r>(
         self,
         scratch: &[PathBuf],
