@@ -41,7 +41,9 @@ pub struct ResourceLimits {
     /// blocks (a sparse file counts what it holds). Measured every second
     /// (every 5 at most, for a rank keeping very many files), so a rank
     /// writing fast overshoots it by what it writes between two
-    /// measurements; past it, the rank fails. Default: none.
+    /// measurements; past it, the rank fails. Needs
+    /// [`Interruption::Anywhere`], as a rank that stops calling the host
+    /// after writing must still be stopped. Default: none.
     pub max_scratch_bytes: Option<u64>,
 }
 
@@ -73,8 +75,8 @@ pub enum Interruption {
     /// other trainhost imports). Guest code runs without checks, at native
     /// speed, but a rank that stops calling the host cannot be stopped: the
     /// run waits for it. For guests trusted to report regularly; the limits
-    /// that need to stop a busy rank (`stall_timeout`, `attempt_timeout`)
-    /// are refused with it.
+    /// that need to stop a busy rank (`stall_timeout`, `attempt_timeout`,
+    /// `max_scratch_bytes`) are refused with it.
     AtHostCalls,
 }
 

@@ -210,6 +210,7 @@ impl RunConfig {
             let needs_stop = [
                 ("stall_timeout", limits.stall_timeout.is_some()),
                 ("attempt_timeout", limits.attempt_timeout.is_some()),
+                ("max_scratch_bytes", limits.max_scratch_bytes.is_some()),
             ];
             if let Some((name, _)) = needs_stop.iter().find(|(_, set)| *set) {
                 return Err(Error::InvalidConfig(format!(

@@ -179,7 +179,8 @@ fn a_loop_reporting_within_the_output_limit_goes_on_past_its_burst() {
 }
 
 /// A rank whose scratch directory holds more than the scratch limit
-/// fails, even asleep, with a message naming the limit and its flag.
+/// fails, computing or not, with a message naming the limit and its flag;
+/// the other rank, asleep, is stopped with it.
 #[test]
 fn a_rank_holding_more_than_the_scratch_limit_fails() {
     let limits = ResourceLimits {
@@ -190,7 +191,8 @@ fn a_rank_holding_more_than_the_scratch_limit_fails() {
         2,
         json!([
             {"write": "big", "bytes": 8 << 20, "seed": 1, "ranks": [1]},
-            {"sleep_ms": 60_000},
+            {"spin": true, "ranks": [1]},
+            {"sleep_ms": 600_000},
         ]),
         limits,
         0,
@@ -253,6 +255,10 @@ fn limits_that_stop_a_busy_rank_need_interruption_anywhere() {
         },
         ResourceLimits {
             attempt_timeout: Some(Duration::from_secs(60)),
+            ..ResourceLimits::default()
+        },
+        ResourceLimits {
+            max_scratch_bytes: Some(1 << 30),
             ..ResourceLimits::default()
         },
     ] {

@@ -221,7 +221,8 @@ pub struct RunArgs {
     /// calls report or another trainhost import, so guest code runs at
     /// native speed, but a rank that stops calling the host cannot be
     /// stopped. Use `host-calls` for guests you trust to report regularly;
-    /// it cannot be combined with --stall-timeout or --attempt-timeout.
+    /// it cannot be combined with --stall-timeout, --attempt-timeout or
+    /// --max-scratch.
     #[arg(
         long,
         value_enum,
