@@ -14,10 +14,11 @@
 //! (about 2 µs a file).
 
 use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use cap_std::fs::{Dir, MetadataExt};
 
 use super::Shared;
 use crate::config::human_bytes;
@@ -64,12 +65,25 @@ pub(super) fn watch(attempt: &Shared, dirs: &[PathBuf], limit: u64, done: &Atomi
 /// file counts what it holds, not its length), each file once however
 /// many names it has, and the directories' own. What disappears while it
 /// is measured is not counted; what cannot be read is skipped.
+///
+/// The guest changes the tree while it is measured, so every directory is
+/// opened within `dir` (`cap_std`): one the guest swaps for a symbolic
+/// link to `/` after it was listed cannot take the measuring out of the
+/// scratch directory and through the host's file system.
 pub(super) fn disk_used(dir: &Path) -> u64 {
+    let Ok(root) = Dir::open_ambient_dir(dir, cap_std::ambient_authority()) else {
+        return 0;
+    };
     let mut used = 0u64;
     let mut linked = HashSet::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+    // Directories to list, relative to `root`.
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        let opened = match rel.as_os_str().is_empty() {
+            true => root.try_clone(),
+            false => root.open_dir(&rel),
+        };
+        let Ok(entries) = opened.and_then(|d| d.entries()) else {
             continue;
         };
         for entry in entries.flatten() {
@@ -78,7 +92,7 @@ pub(super) fn disk_used(dir: &Path) -> u64 {
                 continue;
             };
             if meta.is_dir() {
-                pending.push(entry.path());
+                pending.push(rel.join(entry.file_name()));
             } else if meta.nlink() > 1 && !linked.insert((meta.dev(), meta.ino())) {
                 continue;
             }
@@ -90,6 +104,8 @@ pub(super) fn disk_used(dir: &Path) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use cap_std::fs::Dir;
+
     use super::disk_used;
 
     #[test]
@@ -107,6 +123,26 @@ mod tests {
         // A sparse file of a terabyte holds no blocks.
         let sparse = std::fs::File::create(dir.join("sparse")).unwrap();
         sparse.set_len(1 << 40).unwrap();
-        assert!(disk_used(dir) < one + (64 << 10));
+        let with_sparse = disk_used(dir);
+        assert!(with_sparse < one + (64 << 10));
+        // A symbolic link counts as itself, wherever it leads.
+        std::os::unix::fs::symlink("/", dir.join("root")).unwrap();
+        std::os::unix::fs::symlink(".", dir.join("sub/loop")).unwrap();
+        assert!(disk_used(dir) < with_sparse + (64 << 10));
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_link_out_is_not_followed() {
+        // What a guest swapping a listed directory for a link finds when
+        // the measuring opens it: the link is resolved within the scratch
+        // directory or refused.
+        let tmp = tempfile::tempdir().unwrap();
+        let scratch = tmp.path().join("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        std::fs::write(tmp.path().join("outside"), vec![1u8; 1 << 20]).unwrap();
+        std::os::unix::fs::symlink("..", scratch.join("up")).unwrap();
+        let root = Dir::open_ambient_dir(&scratch, cap_std::ambient_authority()).unwrap();
+        assert!(root.open_dir("up").is_err());
+        assert!(disk_used(&scratch) < 64 << 10);
     }
 }
