@@ -187,7 +187,9 @@ pub struct RunArgs {
     max_checkpoint_size: Option<u64>,
 
     /// Disk each rank's scratch directory may use, e.g. 20GiB (default: no
-    /// limit). Measured every second or so; a rank holding more fails.
+    /// limit): its files' allocated blocks, each file, directory or link
+    /// counted as at least 4KiB. Measured every second or so; a rank
+    /// holding more fails.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
     max_scratch: Option<u64>,
 
