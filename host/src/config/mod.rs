@@ -205,6 +205,13 @@ impl RunConfig {
                 self.storage_options.lease_timeout
             )));
         }
+        if self.limits.max_scratch_bytes == Some(0) {
+            // The limit counts each file at least a block: 0 would fail a
+            // rank for its first file, which is never what is meant.
+            return Err(Error::InvalidConfig(
+                "the scratch limit (max_scratch_bytes, --max-scratch) is 0, which no file fits in; give a size such as 20GiB, or leave the limit out for none".into(),
+            ));
+        }
         if self.interruption == Interruption::AtHostCalls {
             let limits = &self.limits;
             let needs_stop = [
@@ -257,6 +264,20 @@ pub(crate) fn check_run_name(name: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scratch_limit_of_nothing_is_refused() {
+        let config = |bytes| RunConfig {
+            limits: ResourceLimits {
+                max_scratch_bytes: Some(bytes),
+                ..ResourceLimits::default()
+            },
+            ..RunConfig::default()
+        };
+        let err = config(0).check().unwrap_err();
+        assert!(err.to_string().contains("--max-scratch"), "{err}");
+        assert!(config(4096).check().is_ok());
+    }
 
     #[test]
     fn run_names_must_be_plain_directory_names() {
