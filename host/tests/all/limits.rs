@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use trainhost::{FailureConfig, FailureKind, MaxFailures, ResourceLimits, RunConfig};
+use trainhost::{FailureConfig, FailureKind, MaxFailures, ResourceLimits, RunConfig, RunFailure};
 
 use crate::util::*;
 
@@ -20,6 +20,15 @@ fn limited(workers: u32, steps: Value, limits: ResourceLimits, max_failures: u32
         ..Default::default()
     });
     finish(builder, storage, lines)
+}
+
+/// The failure `run` ended with, which must be a limit that `rank` hit
+/// (`None`: the attempt's own, hit by no one rank).
+fn limit_hit(run: &Run, rank: Option<u32>) -> RunFailure {
+    let e = run.result.error.clone().expect("must fail");
+    assert_eq!(e.kind, FailureKind::Limit, "{e}");
+    assert_eq!(e.rank, rank, "{e}");
+    e
 }
 
 #[test]
@@ -40,9 +49,7 @@ fn the_memory_limit_fails_the_rank_and_counts_toward_max_failures() {
         limits,
         1,
     );
-    let e = run.result.error.clone().expect("must fail");
-    assert_eq!(e.kind, FailureKind::Limit);
-    assert_eq!(e.rank, Some(1));
+    let e = limit_hit(&run, Some(1));
     assert!(
         e.to_string()
             .starts_with("rank 1 hit a limit: exceeded the memory limit of 32 MiB"),
@@ -71,9 +78,7 @@ fn a_silent_rank_stalls_while_a_rank_waiting_in_report_does_not() {
         limits,
         0,
     );
-    let e = run.result.error.clone().expect("must fail");
-    assert_eq!(e.kind, FailureKind::Limit);
-    assert_eq!(e.rank, Some(1), "{e}");
+    let e = limit_hit(&run, Some(1));
     assert!(
         e.message
             .starts_with("stalled: no report and no output for"),
@@ -103,8 +108,7 @@ fn the_attempt_wall_clock_limit_stops_every_rank() {
         ..Default::default()
     };
     let run = limited(3, json!([{"spin": true}]), limits, 0);
-    let e = run.result.error.clone().expect("must fail");
-    assert_eq!(e.kind, FailureKind::Limit);
+    let e = limit_hit(&run, None);
     assert!(
         e.to_string()
             .contains("exceeded its wall-clock limit of 500ms"),
@@ -119,9 +123,7 @@ fn an_output_flood_fails_the_rank() {
         ..Default::default()
     };
     let run = limited(2, json!([{"flood": 20_000_000, "ranks": [1]}]), limits, 0);
-    let e = run.result.error.clone().expect("must fail");
-    assert_eq!(e.kind, FailureKind::Limit);
-    assert_eq!(e.rank, Some(1));
+    let e = limit_hit(&run, Some(1));
     assert!(
         e.message.contains("exceeded the output limit of 64 KiB/s"),
         "{e}"
@@ -139,9 +141,7 @@ fn a_report_flood_fails_rank_0_and_keeps_the_history_bounded() {
     // metrics are kept, so it is the one that fails.
     let flood = json!([{"report_flood": 100_000, "text_bytes": 1000}]);
     let run = limited(2, flood, limits.clone(), 0);
-    let e = run.result.error.clone().expect("must fail");
-    assert_eq!(e.kind, FailureKind::Limit);
-    assert_eq!(e.rank, Some(0));
+    let e = limit_hit(&run, Some(0));
     assert!(
         e.message
             .contains("exceeded the output limit of 64 KiB/s (--max-output-rate), counting the metrics it reported"),
@@ -197,9 +197,7 @@ fn a_rank_holding_more_than_the_scratch_limit_fails() {
         limits,
         0,
     );
-    let e = run.result.error.clone().expect("must fail");
-    assert_eq!(e.kind, FailureKind::Limit);
-    assert_eq!(e.rank, Some(1));
+    let e = limit_hit(&run, Some(1));
     assert!(
         e.message.starts_with(
             "exceeded the scratch limit of 4 MiB (--max-scratch): its scratch directory held 8"
