@@ -211,6 +211,10 @@ fn bad_input_gets_one_clear_error_each() {
         ),
         (&["run", TEST_GUEST, "--keep-every", "0"], "keep_every is 0"),
         (
+            &["run", TEST_GUEST, "--max-scratch", "0"],
+            "(max_scratch_bytes, --max-scratch) is 0, which no file fits in",
+        ),
+        (
             &[
                 "run",
                 TEST_GUEST,
