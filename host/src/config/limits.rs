@@ -40,7 +40,8 @@ pub struct ResourceLimits {
     /// Disk one rank's scratch directory may use: its files' allocated
     /// blocks (a sparse file counts what it holds), each file, directory
     /// or link at least 4 KiB (so that the limit also bounds the files a
-    /// rank keeps, and the inodes it takes). Measured every second
+    /// rank keeps, and the inodes it takes), and on Linux the files it
+    /// deleted but holds open. Measured every second
     /// (every 5 at most, for a rank keeping very many files), so a rank
     /// writing fast overshoots it by what it writes between two
     /// measurements; past it, the rank fails. Needs

@@ -185,6 +185,8 @@ fn a_loop_reporting_within_the_output_limit_goes_on_past_its_burst() {
 fn a_rank_holding_more_than_the_scratch_limit_fails() {
     let limits = ResourceLimits {
         max_scratch_bytes: Some(4 << 20),
+        // Should the limit not be seen: a failure, not a hung test.
+        attempt_timeout: Some(Duration::from_secs(30)),
         ..Default::default()
     };
     let run = limited(
@@ -202,6 +204,39 @@ fn a_rank_holding_more_than_the_scratch_limit_fails() {
         e.message.starts_with(
             "exceeded the scratch limit of 4 MiB (--max-scratch): its scratch directory held 8"
         ),
+        "{e}"
+    );
+}
+
+/// A file the rank deleted but holds open, and writes on, still holds its
+/// blocks: it counts against the limit, and the message says so.
+#[test]
+fn a_deleted_file_held_open_counts_against_the_scratch_limit() {
+    let limits = ResourceLimits {
+        max_scratch_bytes: Some(4 << 20),
+        // Should the limit not be seen: a failure, not a hung test.
+        attempt_timeout: Some(Duration::from_secs(30)),
+        ..Default::default()
+    };
+    let run = limited(
+        2,
+        json!([
+            {"hold": "gone", "ranks": [1]},
+            {"remove": "gone", "ranks": [1]},
+            {"write_held": "gone", "text": "x".repeat(1024), "times": 8192, "ranks": [1]},
+            {"spin": true, "ranks": [1]},
+            {"sleep_ms": 600_000},
+        ]),
+        limits,
+        0,
+    );
+    let e = limit_hit(&run, Some(1));
+    assert!(
+        e.message.starts_with(
+            "exceeded the scratch limit of 4 MiB (--max-scratch): its scratch directory held 8"
+        ) && e
+            .message
+            .contains("MiB of it in files it deleted but holds open"),
         "{e}"
     );
 }

@@ -4,8 +4,9 @@
 //! - `{"append": PATH, "text": TEXT}`: appends TEXT to PATH
 //! - `{"hold": PATH}`: opens PATH for writing (creating it, not truncating)
 //!   and keeps it open for the steps below
-//! - `{"write_held": PATH, "text": TEXT}`: appends TEXT through the handle
-//!   `hold` kept
+//! - `{"write_held": PATH, "text": TEXT, "times": N}`: appends TEXT (N
+//!   times, default 1) through the handle `hold` kept, which works after
+//!   PATH is removed too
 //! - `{"release": PATH}`: closes that handle
 //! - `{"rename": PATH, "to": NEW}`: renames PATH to NEW, replacing it
 //!
@@ -22,7 +23,10 @@ thread_local! {
 
 /// Run `step` if it is one of these; `Ok(false)` if it is not.
 /// `text(key)` is the step's string under `key`, placeholders replaced.
-pub(crate) fn run(text: impl Fn(&str) -> Option<String>) -> Result<bool, String> {
+pub(crate) fn run(
+    text: impl Fn(&str) -> Option<String>,
+    number: impl Fn(&str) -> Option<u64>,
+) -> Result<bool, String> {
     let io = |e: std::io::Error| e.to_string();
     let body = || text("text").unwrap_or_default();
     if let Some(path) = text("patch") {
@@ -49,7 +53,11 @@ pub(crate) fn run(text: impl Fn(&str) -> Option<String>) -> Result<bool, String>
         HELD.with(|h| {
             let mut held = h.borrow_mut();
             let file = held.get_mut(&path).ok_or("write_held before hold")?;
-            file.write_all(body().as_bytes()).map_err(io)
+            let body = body();
+            for _ in 0..number("times").unwrap_or(1) {
+                file.write_all(body.as_bytes()).map_err(io)?;
+            }
+            Ok::<(), String>(())
         })?;
     } else if let Some(path) = text("release") {
         HELD.with(|h| h.borrow_mut().remove(&path));

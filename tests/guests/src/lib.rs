@@ -122,7 +122,10 @@ fn run_step(step: &Map<String, Value>, vars: &Vars) -> Result<(), String> {
     let rank = vars.rank;
     let io = |e: std::io::Error| e.to_string();
     if collective::run(step, rank, |key| text(step, key, vars))?
-        || files::run(|key| text(step, key, vars))?
+        || files::run(
+            |key| text(step, key, vars),
+            |key| step.get(key).and_then(Value::as_u64),
+        )?
         || listings::run(step, |key| text(step, key, vars))?
         || tensors::run(step, rank)?
         || programs::run(step)?

@@ -188,8 +188,8 @@ pub struct RunArgs {
 
     /// Disk each rank's scratch directory may use, e.g. 20GiB (default: no
     /// limit): its files' allocated blocks, each file, directory or link
-    /// counted as at least 4KiB. Measured every second or so; a rank
-    /// holding more fails.
+    /// counted as at least 4KiB, and deleted files it still holds open.
+    /// Measured every second or so; a rank holding more fails.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, help_heading = "Limits")]
     max_scratch: Option<u64>,
 
