@@ -14,15 +14,15 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::walk::ENTRY_BYTES;
+use super::walk::charged;
 
 /// What the system appends to the name of a deleted file it shows.
 const DELETED: &[u8] = b" (deleted)";
 
 /// For each of `dirs` (absolute, without symbolic links), the disk used by
 /// the files last named below it that no name leads to any more but this
-/// process holds open: allocated blocks, at least [`ENTRY_BYTES`] a file,
-/// each file once however many descriptors it has.
+/// process holds open: each file as [`charged`] counts it, once however
+/// many descriptors it has.
 pub(super) fn deleted_but_open(dirs: &[PathBuf]) -> Vec<u64> {
     deleted_but_open_in(Path::new("/proc/self/fd"), dirs)
 }
@@ -54,8 +54,7 @@ fn deleted_but_open_in(table: &Path, dirs: &[PathBuf]) -> Vec<u64> {
         };
         let file = (stat.st_dev, stat.st_ino);
         if stat.st_nlink == 0 && counted.insert(file) {
-            let bytes = (stat.st_blocks as u64).saturating_mul(512).max(ENTRY_BYTES);
-            used[rank] = used[rank].saturating_add(bytes);
+            used[rank] = used[rank].saturating_add(charged(stat.st_blocks as u64));
         }
     }
     used

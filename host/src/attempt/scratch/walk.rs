@@ -24,6 +24,12 @@ pub(super) fn disk_used(dir: &Path) -> u64 {
 /// takes from the host's file system and the time measuring takes.
 pub(super) const ENTRY_BYTES: u64 = 4096;
 
+/// What a file, directory or link of `blocks` allocated blocks counts
+/// for: its blocks, at least [`ENTRY_BYTES`].
+pub(super) fn charged(blocks: u64) -> u64 {
+    blocks.saturating_mul(512).max(ENTRY_BYTES)
+}
+
 /// What a walk keeps of each directory from the scratch directory down
 /// to the one it is in.
 struct Level {
@@ -55,8 +61,7 @@ struct Walk {
     /// Files with several names, counted once.
     linked: HashSet<(u64, u64)>,
     /// Directories listed: one the guest moves during the walk to where
-    /// the walk has yet to go is not listed twice, and a walk the guest
-    /// keeps moving directories under ends.
+    /// the walk has yet to go is not listed (nor counted) twice.
     listed: HashSet<(u64, u64)>,
 }
 
@@ -152,8 +157,7 @@ impl Walk {
     }
 
     fn count(&mut self, blocks: u64) {
-        let bytes = blocks.saturating_mul(512).max(ENTRY_BYTES);
-        self.used = self.used.saturating_add(bytes);
+        self.used = self.used.saturating_add(charged(blocks));
     }
 }
 
