@@ -3,6 +3,7 @@
 //! its arguments before it writes anything.
 
 use super::check;
+use super::subnormals::Flushed;
 use super::{AdamStep, Tensor, TensorError};
 
 /// Work between two asks of the stop callback in [`gemm()`], per thread:
@@ -32,8 +33,8 @@ pub enum Activation {
 }
 
 /// `c = alpha * op(a) * op(b) + beta * c`, `op` transposing when asked,
-/// on up to `threads` threads of rayon's pool (the gemm crate decides how
-/// many a size is worth). Asks `stop` between blocks of `c`; when it says
+/// on up to `threads` threads of the kernels' pool (the gemm crate
+/// decides how many a size is worth), subnormals flushed (`subnormals`). Asks `stop` between blocks of `c`; when it says
 /// so, returns [`TensorError::Stopped`] with `c` partly computed.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
@@ -56,10 +57,8 @@ pub fn gemm(
         b_rs,
         b_cs,
     } = check::gemm_dims(c, a, trans_a, b, trans_b)?;
-    let parallelism = match threads {
-        0 | 1 => gemm::Parallelism::None,
-        n => gemm::Parallelism::Rayon(n),
-    };
+    let several = threads > 1;
+    let _flushed = Flushed::new();
     let (block_rows, block_cols) = block(m, k, n, threads.max(1));
     for row in (0..m).step_by(block_rows.max(1)) {
         for col in (0..n).step_by(block_cols.max(1)) {
@@ -67,33 +66,50 @@ pub fn gemm(
                 return Err(TensorError::Stopped);
             }
             let (rows, cols) = (block_rows.min(m - row), block_cols.min(n - col));
-            // SAFETY: every pointer stays inside its tensor: rows
-            // `row..row + rows` of op(a), columns `col..col + cols` of
-            // op(b), and that block of c, walked with the strides of the
-            // shapes checked above; c is a tensor of its own (the borrow
-            // checker keeps it apart from a and b).
-            unsafe {
-                gemm::gemm(
-                    rows,
-                    cols,
-                    k,
-                    c.data.as_mut_ptr().add(row * n + col),
-                    1,
-                    n as isize,
-                    beta != 0.0,
-                    a.data.as_ptr().add(row * a_rs),
-                    a_cs as isize,
-                    a_rs as isize,
-                    b.data.as_ptr().add(col * b_cs),
-                    b_cs as isize,
-                    b_rs as isize,
-                    beta,
-                    alpha,
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                );
+            let (c, a, b) = (&mut c.data[..], &a.data[..], &b.data[..]);
+            // With several threads allowed, `Rayon` whatever the number
+            // the pool gives (`Rayon(1)` computes on this thread): the
+            // crate then cuts the work the same way.
+            let mut block = move |given: usize| {
+                let parallelism = match several {
+                    true => gemm::Parallelism::Rayon(given.max(1)),
+                    false => gemm::Parallelism::None,
+                };
+                // SAFETY: every pointer stays inside its tensor: rows
+                // `row..row + rows` of op(a), columns `col..col + cols` of
+                // op(b), and that block of c, walked with the strides of the
+                // shapes checked above; c is a tensor of its own (the borrow
+                // checker keeps it apart from a and b).
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        cols,
+                        k,
+                        c.as_mut_ptr().add(row * n + col),
+                        1,
+                        n as isize,
+                        beta != 0.0,
+                        a.as_ptr().add(row * a_rs),
+                        a_cs as isize,
+                        a_rs as isize,
+                        b.as_ptr().add(col * b_cs),
+                        b_cs as isize,
+                        b_rs as isize,
+                        beta,
+                        alpha,
+                        false,
+                        false,
+                        false,
+                        parallelism,
+                    );
+                }
+            };
+            // Below the crate's threshold it computes on the calling
+            // thread whatever it is allowed; above, on the kernels' threads.
+            if several && rows * cols * k >= gemm::get_threading_threshold() {
+                super::pool::install(threads, block);
+            } else {
+                block(threads);
             }
         }
     }
@@ -126,6 +142,7 @@ fn block(m: usize, k: usize, n: usize, threads: usize) -> (usize, usize) {
 /// `y = y + alpha * x`.
 pub fn axpy(y: &mut Tensor, alpha: f32, x: &Tensor) -> Result<(), TensorError> {
     check::axpy(y, x)?;
+    let _flushed = Flushed::new();
     for (y, x) in y.data.iter_mut().zip(&x.data) {
         *y += alpha * x;
     }
@@ -134,6 +151,7 @@ pub fn axpy(y: &mut Tensor, alpha: f32, x: &Tensor) -> Result<(), TensorError> {
 
 /// `x = alpha * x`.
 pub fn scale(x: &mut Tensor, alpha: f32) {
+    let _flushed = Flushed::new();
     x.data.iter_mut().for_each(|v| *v *= alpha);
 }
 
@@ -151,6 +169,7 @@ pub fn gather_rows(out: &mut Tensor, source: &Tensor, rows: &[u32]) -> Result<()
 /// Add `row` to every row of `x`.
 pub fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
     check::add_row(x, row)?;
+    let _flushed = Flushed::new();
     let cols = row.shape[0];
     for x_row in x.data.chunks_exact_mut(cols.max(1)) {
         for (v, r) in x_row.iter_mut().zip(&row.data) {
@@ -163,6 +182,7 @@ pub fn add_row(x: &mut Tensor, row: &Tensor) -> Result<(), TensorError> {
 /// `out = beta * out + the sum of x's rows`.
 pub fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), TensorError> {
     check::sum_rows(out, x)?;
+    let _flushed = Flushed::new();
     let cols = out.shape[0];
     scale(out, beta);
     for x_row in x.data.chunks_exact(cols.max(1)) {
@@ -175,6 +195,7 @@ pub fn sum_rows(out: &mut Tensor, x: &Tensor, beta: f32) -> Result<(), TensorErr
 
 /// `x = f(x)`.
 pub fn activate(x: &mut Tensor, f: Activation) {
+    let _flushed = Flushed::new();
     // One loop per function, each with its function inlined: through a
     // function pointer every element cost a call, and ReLU did not
     // vectorize (about 1 ns an element, a fifth of the digits example's
@@ -197,6 +218,7 @@ pub fn activate_backward(
     f: Activation,
 ) -> Result<(), TensorError> {
     check::activate_backward(grad, output)?;
+    let _flushed = Flushed::new();
     // One loop per function, as in `activate`.
     fn each(grad: &mut [f32], output: &[f32], derivative: impl Fn(f32) -> f32) {
         for (g, y) in grad.iter_mut().zip(output) {
@@ -223,6 +245,7 @@ pub fn softmax_cross_entropy(
     grad_scale: f32,
 ) -> Result<(f64, u32), TensorError> {
     check::softmax_cross_entropy(logits, labels, grad)?;
+    let _flushed = Flushed::new();
     let classes = logits.shape[1];
     let (mut loss, mut correct) = (0.0f64, 0u32);
     for ((z, g), &label) in logits
@@ -265,6 +288,7 @@ pub fn sgd_momentum(
     momentum: f32,
 ) -> Result<(), TensorError> {
     check::sgd_momentum(param, velocity, grad)?;
+    let _flushed = Flushed::new();
     for ((p, v), g) in param
         .data
         .iter_mut()
@@ -292,6 +316,7 @@ pub fn adam(
     h: AdamStep,
 ) -> Result<(), TensorError> {
     check::adam(param, m, v, grad, h)?;
+    let _flushed = Flushed::new();
     // The corrections in f64: beta^step for large steps underflows f32's
     // precision long before it reaches 0.
     let step = i32::try_from(h.step).unwrap_or(i32::MAX);

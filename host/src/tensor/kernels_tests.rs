@@ -11,6 +11,14 @@ fn never() -> bool {
     false
 }
 
+/// `x` as a kernel reads it: a subnormal as zero on x86-64.
+fn as_read(x: f32) -> f32 {
+    match cfg!(target_arch = "x86_64") && x.is_subnormal() {
+        true => 0.0f32.copysign(x),
+        false => x,
+    }
+}
+
 /// `op(x)[i][j]` of a matrix.
 fn at(x: &Tensor, trans: bool, i: usize, j: usize) -> f32 {
     let cols = x.shape()[1];
@@ -173,6 +181,38 @@ fn threads_share_the_work_and_change_only_the_rounding() {
     assert!(r > block(2048, 512, 512, 1).0, "{r}");
 }
 
+/// Subnormal inputs and results are zero in a GEMM on this thread and on
+/// the kernels' pool alike, and this thread computes them again after.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn gemms_treat_subnormals_as_zero_on_every_thread() {
+    let tiny = f32::MIN_POSITIVE;
+    // 8³ is computed on this thread; 160³ is past the gemm crate's
+    // threshold for splitting, and with 2 threads runs on the pool.
+    assert!(160usize.pow(3) >= gemm::get_threading_threshold());
+    for (n, threads) in [(8u32, 1), (8, 2), (160, 1), (160, 2)] {
+        let filled = |v: f32| Tensor::from_vec(&[n, n], vec![v; (n * n) as usize]).unwrap();
+        // Subnormal inputs (else the sums would be n × m, normal), then
+        // subnormal results (each product and every sum below m).
+        let cases = [
+            ("inputs", 2.0, tiny / 2.0, 1.0),
+            ("results", 1.0, tiny, 1.0 / (4 * n) as f32),
+        ];
+        for (what, alpha, a, b) in cases {
+            let mut c = filled(1.0);
+            let (a, b) = (filled(a), filled(b));
+            gemm(&mut c, alpha, &a, false, &b, false, 0.0, threads, &never).unwrap();
+            let first = c.values()[0];
+            assert!(
+                c.values().iter().all(|&v| v == 0.0),
+                "{what}, {n}³ on {threads}: {first}"
+            );
+        }
+    }
+    let product = std::hint::black_box(tiny) * std::hint::black_box(0.5);
+    assert_eq!(product, tiny / 2.0);
+}
+
 #[test]
 fn a_long_gemm_stops_between_blocks_when_asked() {
     // 8192 rows of 512 × 512: ~4 GFLOP, five blocks.
@@ -306,7 +346,8 @@ fn activation_gradients_match_finite_differences() {
 /// ReLU and its gradient over a tensor long enough for vector loops and
 /// their remainders, with the values a vector `max` or compare could get
 /// wrong: NaN, infinities, signed zeros and subnormals. The results are
-/// the scalar definitions', element by element.
+/// the scalar definitions', element by element, of the values as a kernel
+/// reads them (subnormals as zero, `subnormals.rs`).
 #[test]
 fn relu_and_its_gradient_agree_with_the_scalar_definition_on_odd_values() {
     let special = [
@@ -331,7 +372,7 @@ fn relu_and_its_gradient_agree_with_the_scalar_definition_on_odd_values() {
     let mut y = Tensor::from_vec(&[n as u32], x.clone()).unwrap();
     activate(&mut y, Activation::Relu);
     for (i, (y, x)) in y.values().iter().zip(&x).enumerate() {
-        let want = x.max(0.0);
+        let want = as_read(*x).max(0.0);
         assert!(*y == want, "element {i}: relu({x}) = {y}, not {want}");
     }
     // A gradient of 1.5 everywhere, through outputs that are the same odd
@@ -340,7 +381,7 @@ fn relu_and_its_gradient_agree_with_the_scalar_definition_on_odd_values() {
     let output = Tensor::from_vec(&[n as u32], x.clone()).unwrap();
     activate_backward(&mut grad, &output, Activation::Relu).unwrap();
     for (i, (g, y)) in grad.values().iter().zip(&x).enumerate() {
-        let want = if *y > 0.0 { 1.5 } else { 0.0 };
+        let want = if as_read(*y) > 0.0 { 1.5 } else { 0.0 };
         assert_eq!(*g, want, "element {i}: output {y}");
     }
 }

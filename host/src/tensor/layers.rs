@@ -11,6 +11,7 @@
 //! checked before anything is written.
 
 use super::kernels::{Activation, activate, activate_backward, add_row, gemm, sum_rows};
+use super::subnormals::Flushed;
 use super::{Tensor, TensorError, check};
 
 /// `out = f(x * w + bias)`, without the bias or the function when they
@@ -25,6 +26,7 @@ pub fn dense(
     stop: &dyn Fn() -> bool,
 ) -> Result<(), TensorError> {
     check::dense(out, x, w, bias)?;
+    let _flushed = Flushed::new();
     gemm(out, 1.0, x, false, w, false, 0.0, threads, stop)?;
     if let Some(b) = bias {
         add_row(out, b)?;
@@ -63,6 +65,7 @@ pub fn dense_backward(
 ) -> Result<(), TensorError> {
     let grad_x = grads.x.as_ref().map(|(gx, _)| &**gx);
     check::dense_backward(grad, x, w, grads.w, grads.bias.as_deref(), grad_x)?;
+    let _flushed = Flushed::new();
     gemm(grads.w, 1.0, x, true, grad, false, beta, threads, stop)?;
     if let Some(gb) = grads.bias {
         sum_rows(gb, grad, beta)?;
@@ -88,6 +91,7 @@ pub fn sgd_momentum_list(
     momentum: f32,
 ) -> Result<(), TensorError> {
     check::sgd_momentum_list(params, velocity, grads)?;
+    let _flushed = Flushed::new();
     for ((p, v), g) in params.iter_mut().zip(velocity.iter_mut()).zip(grads) {
         super::kernels::sgd_momentum(p, v, g, grad_scale, lr, momentum)?;
     }

@@ -6,13 +6,16 @@
 //! f32 values, each kernel checks its arguments and returns a
 //! [`TensorError`] without changing anything on a bad call, and the long
 //! ones ([`gemm()`]) ask a `stop` callback between blocks of work, so that a
-//! rank whose run is stopping is not held up by its maths.
+//! rank whose run is stopping is not held up by its maths. The kernels
+//! treat subnormal values as zero (`subnormals.rs`), at full speed.
 
 pub mod check;
 pub(crate) mod file;
 mod kernels;
 mod layers;
+mod pool;
 mod random;
+mod subnormals;
 
 pub use kernels::{
     Activation, activate, activate_backward, adam, add_row, axpy, gather_rows, gemm, scale,

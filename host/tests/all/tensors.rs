@@ -273,6 +273,28 @@ fn adam_steps_in_the_host_and_refuses_aliased_tensors() {
     );
 }
 
+/// The kernels treat subnormal values as zero on x86-64 (R46), and the
+/// guest's own maths after a kernel call, on the thread that ran it, still
+/// computes them as WebAssembly says.
+#[test]
+fn kernels_flush_subnormals_and_the_guests_own_maths_keeps_them() {
+    let run = run(2, json!([{"tensor_subnormal": true}]));
+    run.assert_ok();
+    // m / 2 and m (f32's smallest normal value) halved, and 0.5.
+    let host = match cfg!(target_arch = "x86_64") {
+        true => "00000000,00000000,3f000000",
+        false => "00200000,00400000,3f000000",
+    };
+    for rank in 0..2 {
+        assert_eq!(
+            run.stdout(rank),
+            [format!(
+                "tensor_subnormal: host {host} guest 00200000,00400000,3f000000"
+            )]
+        );
+    }
+}
+
 /// The fused kernels give a step the values of the separate ones, with
 /// biases and without, and refuse a tensor written twice or written and
 /// read by one call, and lists of different lengths.

@@ -31,6 +31,10 @@
 //! - `{"tensor_adam": true}`: one Adam step of `[1, 1, 1]` along `[1e-3,
 //!   -5, 200]` with lr 0.01; prints `tensor_adam: [P0, P1, P2]`, then
 //!   the error of a raw call passing the same tensor as param and `m`
+//! - `{"tensor_subnormal": true}`: `[m / 2, m, 1]` (m: f32's smallest
+//!   normal value) halved by the host's `scale`, then the same products
+//!   computed in the guest; prints `tensor_subnormal: host BITS guest BITS`
+//!   (each value's bits in hex)
 //! - `{"tensor_fused": true}`: a two-layer network's forward pass,
 //!   backward pass and SGD step on the fused kernels and on the separate
 //!   ones, with biases and without; prints `tensor_fused: same VALUES
@@ -157,6 +161,8 @@ pub fn run(step: &Map<String, Value>, rank: u32) -> Result<bool, String> {
                 );
             }
         })
+    } else if step.contains_key("tensor_subnormal") {
+        subnormal()
     } else if step.contains_key("tensor_adam") {
         adam()
     } else if step.contains_key("tensor_fused") {
@@ -211,6 +217,24 @@ fn bad_shape() -> Result<(), TensorError> {
     let refused = c.gemm(1.0, &a, false, &a, false, 0.0);
     println!("tensor unchanged: {}", c.to_vec() == [7.0; 4]);
     refused
+}
+
+fn subnormal() -> Result<(), TensorError> {
+    let values = [f32::MIN_POSITIVE / 2.0, f32::MIN_POSITIVE, 1.0];
+    let mut t = Tensor::from_slice(&[3], &values)?;
+    t.scale(0.5);
+    // After the kernel, on the thread that ran it: the guest's own maths.
+    let guest = values.map(|v| std::hint::black_box(v) * std::hint::black_box(0.5));
+    let bits = |v: &[f32]| {
+        let hex: Vec<String> = v.iter().map(|x| format!("{:08x}", x.to_bits())).collect();
+        hex.join(",")
+    };
+    println!(
+        "tensor_subnormal: host {} guest {}",
+        bits(&t.to_vec()),
+        bits(&guest)
+    );
+    Ok(())
 }
 
 fn fnv_of(values: &[f32]) -> u64 {
