@@ -34,8 +34,9 @@ pub enum Activation {
 
 /// `c = alpha * op(a) * op(b) + beta * c`, `op` transposing when asked,
 /// on up to `threads` threads of the kernels' pool (the gemm crate
-/// decides how many a size is worth), subnormals flushed (`subnormals`). Asks `stop` between blocks of `c`; when it says
-/// so, returns [`TensorError::Stopped`] with `c` partly computed.
+/// decides how many a size is worth), subnormals flushed (`subnormals`).
+/// Asks `stop` between blocks of `c`; when it says so, returns
+/// [`TensorError::Stopped`] with `c` partly computed.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     c: &mut Tensor,
