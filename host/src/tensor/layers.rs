@@ -26,6 +26,7 @@ pub fn dense(
     stop: &dyn Fn() -> bool,
 ) -> Result<(), TensorError> {
     check::dense(out, x, w, bias)?;
+    // Set once for the kernels below, which then find it set.
     let _flushed = Flushed::new();
     gemm(out, 1.0, x, false, w, false, 0.0, threads, stop)?;
     if let Some(b) = bias {
@@ -65,6 +66,7 @@ pub fn dense_backward(
 ) -> Result<(), TensorError> {
     let grad_x = grads.x.as_ref().map(|(gx, _)| &**gx);
     check::dense_backward(grad, x, w, grads.w, grads.bias.as_deref(), grad_x)?;
+    // Set once for the kernels below, which then find it set.
     let _flushed = Flushed::new();
     gemm(grads.w, 1.0, x, true, grad, false, beta, threads, stop)?;
     if let Some(gb) = grads.bias {
@@ -91,6 +93,7 @@ pub fn sgd_momentum_list(
     momentum: f32,
 ) -> Result<(), TensorError> {
     check::sgd_momentum_list(params, velocity, grads)?;
+    // Set once for the kernels below, which then find it set.
     let _flushed = Flushed::new();
     for ((p, v), g) in params.iter_mut().zip(velocity.iter_mut()).zip(grads) {
         super::kernels::sgd_momentum(p, v, g, grad_scale, lr, momentum)?;

@@ -6,8 +6,9 @@
 //! f32 values, each kernel checks its arguments and returns a
 //! [`TensorError`] without changing anything on a bad call, and the long
 //! ones ([`gemm()`]) ask a `stop` callback between blocks of work, so that a
-//! rank whose run is stopping is not held up by its maths. The kernels
-//! treat subnormal values as zero (`subnormals.rs`), at full speed.
+//! rank whose run is stopping is not held up by its maths. On x86-64 the
+//! kernels treat subnormal values as zero (`subnormals.rs`), so that
+//! values decaying towards zero do not slow them down.
 
 pub mod check;
 pub(crate) mod file;
