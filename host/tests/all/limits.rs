@@ -194,12 +194,17 @@ fn over_the_scratch_limit(filling: Value) -> RunFailure {
     steps.push(json!({"sleep_ms": 600_000}));
     let run = limited(2, Value::Array(steps), limits, 0);
     let e = limit_hit(&run, Some(1));
-    assert!(
-        e.message.starts_with(
-            "exceeded the scratch limit of 4 MiB (--max-scratch): its scratch directory held 8"
-        ),
-        "{e}"
-    );
+    let prefix = "exceeded the scratch limit of 4 MiB (--max-scratch): its scratch directory held ";
+    assert!(e.message.starts_with(prefix), "{e}");
+    // A measurement may fall while the rank is still writing: the figure
+    // is what the directory held then, over the limit and at most what
+    // the rank writes in all.
+    let held: f64 = e.message[prefix.len()..]
+        .split(" MiB")
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no figure in MiB after \"held\": {e}"));
+    assert!(held > 4.0 && held < 9.0, "{e}");
     e
 }
 
